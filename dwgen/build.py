@@ -1,0 +1,155 @@
+"""Compiling: nvcc to cubin in parallel with a content-keyed cache (the only importer of cpp_extension)."""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from dwgen.space import NVCC_FLAGS
+
+DEFAULT_ARCH = "sm_90"
+CUDA_HOME_GUESS = "/usr/local/cuda"
+
+
+class ToolchainError(RuntimeError):
+    """nvcc is missing or unusable: nothing can be built."""
+
+
+@dataclass(frozen=True)
+class Build:
+    """What compiling one source produced: a cubin, or a status with the log that explains it."""
+
+    name: str
+    status: str  # "ok" | "compile_error" | "timeout"
+    cubin: str = ""
+    log: str = ""
+    log_path: str = ""
+    seconds: float = 0.0
+    registers: int = -1
+    spill_bytes: int = -1
+    smem_bytes: int = -1
+    stack_bytes: int = -1
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def cuda_home() -> str:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home and Path(CUDA_HOME_GUESS, "bin", "nvcc").exists():
+        home = CUDA_HOME_GUESS
+    if not home:
+        found = shutil.which("nvcc")
+        home = str(Path(found).resolve().parent.parent) if found else ""
+    return home
+
+
+def nvcc_path() -> str:
+    home = cuda_home()
+    nvcc = Path(home, "bin", "nvcc") if home else None
+    if not nvcc or not nvcc.exists():
+        raise ToolchainError("nvcc not found: install the CUDA toolkit and set CUDA_HOME (e.g. /usr/local/cuda)")
+    return str(nvcc)
+
+
+@functools.cache
+def nvcc_version() -> str:
+    out = subprocess.run([nvcc_path(), "--version"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"Build (\S+)", out)
+    return m.group(1) if m else out.strip().splitlines()[-1]
+
+
+def build_key(digest: str, arch: str) -> str:
+    """Build-cache key: the variant's content digest plus the target and the compiler that built it."""
+    return f"{digest[:24]}-{arch}-{re.sub(r'[^A-Za-z0-9.]+', '.', nvcc_version())}"
+
+
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def parse_ptxas(log: str) -> dict:
+    """Registers, shared memory, stack and spill bytes from `-Xptxas -v` output."""
+    regs = _PTXAS_USED.search(log)
+    smem = _PTXAS_SMEM.search(log)
+    spill = _PTXAS_SPILL.search(log)
+    return {
+        "registers": int(regs.group(1)) if regs else -1,
+        "smem_bytes": int(smem.group(1)) if smem else 0,
+        "stack_bytes": int(spill.group(1)) if spill else -1,
+        "spill_bytes": int(spill.group(2)) + int(spill.group(3)) if spill else -1,
+    }
+
+
+def compile_cubin(name: str, source: str, key: str, cache_dir: Path, arch: str = DEFAULT_ARCH,
+                  timeout_s: float = 120.0) -> Build:
+    """Compile one source to a cubin under cache_dir/key/, reusing a previous build of the same key."""
+    out_dir = Path(cache_dir) / key
+    cubin = out_dir / f"{name}.cubin"
+    log_path = out_dir / f"{name}.log"
+    if cubin.exists() and log_path.exists():
+        log = log_path.read_text()
+        return Build(name, "ok", str(cubin), log, str(log_path), 0.0, cached=True, **parse_ptxas(log))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = out_dir / f"{name}.cu"
+    src.write_text(source)
+    # Compile into a temporary name and rename: a killed build never leaves a half-written cubin.
+    fd, tmp = tempfile.mkstemp(suffix=".cubin", dir=out_dir)
+    os.close(fd)
+    cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-Xptxas", "-v", "-o", tmp, str(src)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.unlink(tmp)
+        return Build(name, "timeout", log=f"nvcc ran past {timeout_s:.0f} s", log_path=str(src), seconds=timeout_s)
+    seconds = time.perf_counter() - t0
+    log = " ".join(cmd) + "\n" + proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        err = out_dir / f"{name}.error.log"
+        err.write_text(log)
+        return Build(name, "compile_error", log=log, log_path=str(err), seconds=seconds)
+    log_path.write_text(log)
+    os.replace(tmp, cubin)
+    return Build(name, "ok", str(cubin), log, str(log_path), seconds, **parse_ptxas(log))
+
+
+def compile_many(jobs: Iterable[tuple[str, str, str]], cache_dir: Path, arch: str = DEFAULT_ARCH,
+                 workers: int | None = None, on_done: Callable[[Build], None] | None = None) -> list[Build]:
+    """Compile (name, source, key) jobs in parallel; nvcc is a subprocess, so threads suffice."""
+    jobs = list(jobs)
+    workers = workers or max(1, os.cpu_count() or 1)
+    results: list[Build] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(compile_cubin, n, s, k, cache_dir, arch) for n, s, k in jobs]
+        for f in futures:
+            b = f.result()
+            results.append(b)
+            if on_done:
+                on_done(b)
+    return results
+
+
+def load_inline_module(name: str, cuda_sources: list[str], cpp_source: str, functions: list[str],
+                       build_dir: Path | None = None, verbose: bool = False):
+    """Build a torch extension from sources with load_inline; used to check the frozen module builds."""
+    os.environ.setdefault("CUDA_HOME", cuda_home())
+    from torch.utils.cpp_extension import load_inline  # imported late: it is slow and needs CUDA_HOME
+
+    kwargs = {"build_directory": str(build_dir)} if build_dir else {}
+    if build_dir:
+        Path(build_dir).mkdir(parents=True, exist_ok=True)
+    return load_inline(name=name, cpp_sources=[cpp_source], cuda_sources=cuda_sources, functions=functions,
+                       extra_cuda_cflags=list(NVCC_FLAGS), verbose=verbose, **kwargs)

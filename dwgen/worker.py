@@ -1,0 +1,254 @@
+"""Checking and timing on the GPU in a child process that is replaced when a variant kills it."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from dataclasses import dataclass
+
+from dwgen.problem import Problem
+from dwgen.result import Result
+from dwgen.space import SIZE_RESTRICTIONS, Variant
+
+JOB_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A variant and the cubin that holds its kernel (a test may hand in any cubin with that name)."""
+
+    variant: Variant
+    cubin: str
+
+
+# ---- child side -------------------------------------------------------------------------------------
+
+
+class _Bench:
+    """State of the child process: cached references, the timer, the baselines."""
+
+    def __init__(self, problem: Problem):
+        import torch
+
+        from dwgen import bench, check
+
+        torch.cuda.init()
+        self.problem = problem
+        self.refs = check.ReferenceCache()
+        self.timer = bench.Timer(flush=bench.needs_flush(problem))
+        self._baselines: dict | None = None
+
+    def launcher(self, cand: Candidate):
+        from dwgen.driver import Kernel, i32, ptr
+
+        v = cand.variant
+        kernel = Kernel(cand.cubin, v.name)
+
+        def prepare(q: Problem, x, w, b, y):
+            args = [ptr(x), ptr(w), ptr(b), ptr(y), i32(q.rows), i32(q.channels), i32(q.length),
+                    i32(q.out_length), i32(v.tiles(q.out_length))]
+            return kernel.prepare(v.grid(q), v.config.threads, args)
+
+        return prepare
+
+    def baselines(self) -> dict:
+        from dwgen import bench
+
+        if self._baselines is None:
+            p = self.problem
+            x, w, b, _, _ = self.refs.get(p, 0)
+            copy = self.timer.time(bench.copy_operands(p))
+            eager = self.timer.time(bench.torch_operands(p, x, w, b))
+            self._baselines = {"copy_ms": copy.median_ms, "torch_ms": eager.median_ms}
+        return self._baselines
+
+    def evaluate(self, cand: Candidate) -> dict:
+        import torch
+
+        from dwgen import check
+
+        v = cand.variant
+        prepare = self.launcher(cand)
+
+        def run(q, x, w, b, y):
+            prepare(q, x, w, b, y)()
+
+        problems = [self.problem] + [
+            q for q in check.edge_problems(self.problem, v.tile_outputs, v.config.vec)
+            if all(r(q, v.config) for r in SIZE_RESTRICTIONS)
+        ]
+        for q in problems:
+            outcome = check.check(q, run, cache=self.refs)
+            if not outcome.ok:
+                return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
+        x, w, b, _, _ = self.refs.get(self.problem, 0)
+        y = torch.empty(self.problem.batch, self.problem.channels, self.problem.out_length, device="cuda")
+        t = self.timer.time(prepare(self.problem, x, w, b, y))
+        return {"status": "ok", "kernel_ms": t.median_ms, "reps": t.reps, **self.baselines()}
+
+    def retime(self, cands: list[Candidate], rounds: int) -> dict:
+        """Re-time the finalists interleaved with copy_ and PyTorch; returns medians by name."""
+        import torch
+
+        from dwgen import bench
+
+        p = self.problem
+        x, w, b, _, _ = self.refs.get(p, 0)
+        fns = {"copy_": bench.copy_operands(p), "torch": bench.torch_operands(p, x, w, b)}
+        outs = []
+        for c in cands:
+            y = torch.empty(p.batch, p.channels, p.out_length, device="cuda")
+            outs.append(y)
+            fns[c.variant.name] = self.launcher(c)(p, x, w, b, y)
+        timings = self.timer.time_interleaved(fns, rounds)
+        return {k: t.median_ms for k, t in timings.items()}
+
+
+def machine_info() -> dict:
+    """Where a number was measured: GPU, capability, driver, torch and CUDA versions, date."""
+    import datetime
+    import shutil
+    import subprocess
+
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    driver = ""
+    if shutil.which("nvidia-smi"):
+        q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
+                           capture_output=True, text=True)
+        driver = q.stdout.strip()
+    return {
+        "gpu": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "driver": driver,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def _serve(conn, problem: Problem) -> None:
+    try:
+        bench = _Bench(problem)
+    except Exception:
+        conn.send(("fatal", traceback.format_exc()))
+        return
+    conn.send(("ready", ""))
+    while True:
+        try:
+            op, arg = conn.recv()
+        except EOFError:
+            return
+        try:
+            if op == "evaluate":
+                reply = ("ok", bench.evaluate(arg))
+            elif op == "baselines":
+                reply = ("ok", bench.baselines())
+            elif op == "machine":
+                reply = ("ok", machine_info())
+            elif op == "retime":
+                reply = ("ok", bench.retime(*arg))
+            elif op == "stop":
+                return
+            else:
+                reply = ("error", f"unknown op {op}")
+        except Exception as e:  # a CUDA error poisons this context: report it, then die and be replaced
+            conn.send(("dead", f"{type(e).__name__}: {e}"))
+            conn.close()
+            os._exit(3)
+        conn.send(reply)
+
+
+# ---- parent side ------------------------------------------------------------------------------------
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class GpuWorker:
+    """Runs evaluations in a spawned child; a crash, hang or CUDA error costs one variant, not the search."""
+
+    def __init__(self, problem: Problem, timeout_s: float = JOB_TIMEOUT_S):
+        self.problem, self.timeout_s = problem, timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.problem), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        status, msg = self._recv(600.0)
+        if status != "ready":
+            raise RuntimeError(f"GPU worker failed to start: {msg}")
+
+    def _recv(self, timeout: float):
+        if not self._conn.poll(timeout):
+            self._kill()
+            raise WorkerDied(f"no answer within {timeout:.0f} s (hung kernel?)")
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError) as e:
+            self._proc.join(5)
+            code = self._proc.exitcode
+            self._kill()
+            raise WorkerDied(f"worker process died (exit code {code})") from e
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(10)
+        self._proc = self._conn = None
+
+    def call(self, op: str, arg=None):
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self.restarts += 1
+            self._start()
+        try:
+            self._conn.send((op, arg))
+        except (BrokenPipeError, OSError) as e:
+            self._kill()
+            raise WorkerDied("worker process was gone") from e
+        status, payload = self._recv(self.timeout_s)
+        if status == "dead":
+            self._kill()
+            self.restarts += 1
+            raise WorkerDied(payload)
+        if status != "ok":
+            raise RuntimeError(payload)
+        return payload
+
+    def evaluate(self, cand: Candidate, base: Result) -> Result:
+        """Check, then time one built candidate; `base` carries its name, digest and build facts."""
+        try:
+            out = self.call("evaluate", cand)
+        except WorkerDied as e:
+            msg = str(e)
+            status = "timeout" if "no answer" in msg else ("launch_error" if "launching" in msg else "crashed")
+            return base.with_(status=status, message=msg)
+        return base.with_(**out)
+
+    def baselines(self) -> dict:
+        return self.call("baselines")
+
+    def machine(self) -> dict:
+        return self.call("machine")
+
+    def retime(self, cands: list[Candidate], rounds: int = 50) -> dict:
+        return self.call("retime", (cands, rounds))
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(("stop", None))
+                self._proc.join(10)
+            except (BrokenPipeError, OSError):
+                pass
+        self._kill()

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+
+from dwgen import build, render
+from dwgen.problem import Problem
+from dwgen.space import Config, Variant
+
+pytestmark = pytest.mark.nvcc
+
+SAMPLE = [
+    Variant(Problem(32, 512, 8192), Config(threads=256, vec=4, outs=1, halo="l1", stream=True)),
+    Variant(Problem(32, 512, 8192), Config(threads=512, vec=2, outs=4, walk="row", halo="shfl")),
+    Variant(Problem(32, 512, 8192), Config(threads=128, vec=4, outs=2, halo="smem")),
+    Variant(Problem(4, 2048, 8192, 3, 2, 1), Config(threads=256, vec=4, outs=1, halo="smem", stream=True)),
+    Variant(Problem(32, 512, 1024, 31, 1, 15), Config(threads=128, vec=4, outs=1, halo="smem")),
+    Variant(Problem(16, 1024, 4096, 7, 1, 3, bias=True), Config(threads=64, vec=1, outs=4, walk="row")),
+    Variant(Problem(2, 8, 1000, 5, 1, 4, 2), Config(threads=64, vec=2, outs=2, halo="shfl")),
+]
+
+
+def test_sample_compiles_with_resources(tmp_path):
+    jobs = [(v.name, render.render_variant(v), build.build_key(v.digest, "sm_90")) for v in SAMPLE]
+    jobs.append((render.ANY_NAME, render.render_any(), build.build_key(render.any_digest(), "sm_90")))
+    results = build.compile_many(jobs, tmp_path, workers=2)
+    for b in results:
+        assert b.ok, b.log
+        assert 0 < b.registers <= 255 and b.spill_bytes == 0
+    assert results[2].smem_bytes == SAMPLE[2].smem_bytes > 0  # the shared stage is the size we computed
+    again = build.compile_many(jobs[:2], tmp_path)
+    assert all(b.cached for b in again)
+
+
+def test_compile_error_is_a_status_with_saved_log(tmp_path):
+    b = build.compile_cubin("broken", "extern \"C\" __global__ void broken() { undeclared(); }", "k", tmp_path)
+    assert b.status == "compile_error" and not b.ok and "undeclared" in b.log
+    assert (tmp_path / "k" / "broken.error.log").exists() and (tmp_path / "k" / "broken.cu").exists()
+    assert not list((tmp_path / "k").glob("*.cubin"))
+
+
+def test_ptxas_report_parsed():
+    log = ("ptxas info    : Function properties for f\n"
+           "    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 4128 bytes smem, 400 bytes cmem[0]\n")
+    assert build.parse_ptxas(log) == {"registers": 40, "smem_bytes": 4128, "stack_bytes": 16, "spill_bytes": 20}
