@@ -1,0 +1,146 @@
+"""The search loop: ask a batch, filter and de-duplicate, build in parallel, check and time, tell."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import optuna
+
+from dwgen.build import Build
+from dwgen.problem import Problem
+from dwgen.result import Result
+from dwgen.space import Config, Variant, known_good, violations
+from dwgen.worker import Candidate
+from search import study as st
+
+FINALISTS = 5
+RETIME_ROUNDS = 60
+# Stop asking once this many asks in a row brought nothing new: the valid space is used up.
+# (The grid sampler knows when it is exhausted and stops at once.)
+MAX_IDLE_ASKS = 500
+
+
+class Evaluator(Protocol):
+    def evaluate(self, cand: Candidate, base: Result) -> Result: ...
+
+    def retime(self, cands: list[Candidate], rounds: int) -> dict[str, float]: ...
+
+
+Builder = Callable[[list[Variant]], list[Build]]
+
+
+@dataclass
+class SearchStats:
+    asked: int = 0
+    skipped: int = 0
+    duplicates: int = 0
+    built: int = 0
+    build_failed: int = 0
+    compile_wall_s: float = 0.0
+    evaluated: int = 0
+    correct: int = 0
+    evaluate_wall_s: float = 0.0
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def _base_result(v: Variant, b: Build) -> Result:
+    status = "ok" if b.ok else b.status
+    last = b.log.strip().splitlines()[-1] if b.log.strip() else ""
+    msg = "" if b.ok else f"{last} (source and log beside {b.log_path})"
+    return Result(v.name, v.digest, status, message=msg, registers=b.registers, spill_bytes=b.spill_bytes,
+                  smem_bytes=b.smem_bytes, compile_s=b.seconds)
+
+
+def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Evaluator, *, trials: int,
+           timeout_s: float | None = None, batch: int | None = None,
+           log: Callable[[str], None] = print) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
+    """Evaluate up to `trials` new variants; returns every variant measured in this study, by digest."""
+    batch = batch or max(4, min(32, os.cpu_count() or 4))
+    stats = SearchStats()
+    known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study).items()}
+    if known:
+        log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
+    else:
+        for c in known_good(problem):
+            study.enqueue_trial(c.to_dict(), skip_if_exists=True)
+    sampler = study.sampler
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    idle = 0
+    exhausted = False
+    best = min((r.kernel_ms for _, r in known.values() if r.ok), default=None)
+    while stats.evaluated < trials and not exhausted and idle < MAX_IDLE_ASKS:
+        if deadline and time.monotonic() > deadline:
+            log("timeout reached")
+            break
+        pending: dict[str, tuple[optuna.Trial, Variant]] = {}
+        want = min(batch, trials - stats.evaluated)
+        while len(pending) < want and idle < MAX_IDLE_ASKS:
+            if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
+                exhausted = True
+                break
+            trial = study.ask(st.DISTRIBUTIONS)
+            stats.asked += 1
+            idle += 1
+            config = Config(**trial.params)
+            bad = violations(problem, config)
+            if bad:
+                st.record_skip(study, trial, bad)
+                stats.skipped += 1
+                continue
+            v = Variant(problem, config)
+            if v.digest in known:
+                st.record(study, trial, known[v.digest][1], duplicate=True)
+                stats.duplicates += 1
+            elif v.digest in pending:
+                st.record_skip(study, trial, ["duplicate_in_batch"])
+                stats.duplicates += 1
+            else:
+                pending[v.digest] = (trial, v)
+                idle = 0
+        if not pending:
+            continue
+        t0 = time.perf_counter()
+        builds = build([v for _, v in pending.values()])
+        stats.compile_wall_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for (trial, v), b in zip(pending.values(), builds, strict=True):
+            stats.built += 1
+            result = _base_result(v, b)
+            if b.ok:
+                result = evaluator.evaluate(Candidate(v, b.cubin), result)
+            else:
+                stats.build_failed += 1
+            st.record(study, trial, result)
+            known[v.digest] = (v, result)
+            stats.evaluated += 1
+            if result.ok:
+                stats.correct += 1
+                best = result.kernel_ms if best is None else min(best, result.kernel_ms)
+            else:
+                stats.failures[result.status] = stats.failures.get(result.status, 0) + 1
+            log(f"[{stats.evaluated:4d}/{trials}] {result.summary()}" + (f"  (best {best:.4f} ms)" if best else ""))
+        stats.evaluate_wall_s += time.perf_counter() - t0
+    return known, stats
+
+
+def finalists(known: dict[str, tuple[Variant, Result]], n: int = FINALISTS) -> list[tuple[Variant, Result]]:
+    ok = [(v, r) for v, r in known.values() if r.ok]
+    return sorted(ok, key=lambda vr: vr[1].kernel_ms)[:n]
+
+
+def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: Evaluator,
+           rounds: int = RETIME_ROUNDS) -> tuple[Variant, Result, dict[str, float]] | None:
+    """Re-time the best few interleaved with copy_ and PyTorch, and declare the winner on those times."""
+    top = finalists(known)
+    if not top:
+        return None
+    builds = build([v for v, _ in top])  # cached: costs nothing unless resumed on another machine
+    cands = [Candidate(v, b.cubin) for (v, _), b in zip(top, builds, strict=True) if b.ok]
+    times = evaluator.retime(cands, rounds)
+    scored = [(v, r) for v, r in top if v.name in times]
+    v, r = min(scored, key=lambda vr: times[vr[0].name])
+    winner = r.with_(kernel_ms=times[v.name], copy_ms=times["copy_"], torch_ms=times["torch"], reps=rounds)
+    return v, winner, times

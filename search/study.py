@@ -1,0 +1,71 @@
+"""The Optuna study of one problem: storage, naming, and reading back what was already measured."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from dwgen.problem import Problem
+from dwgen.result import Result
+from dwgen.space import AXES, Config
+from search.samplers import make_sampler
+
+DEFAULT_RUNS_DIR = Path("runs")
+DISTRIBUTIONS = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in AXES.items()}
+# Studies are per problem and per version of the axes: a changed space starts a new study.
+SPACE_TAG = hashlib.sha256(json.dumps({k: list(v) for k, v in AXES.items()}).encode()).hexdigest()[:8]
+
+RESULT_ATTR = "result"
+SKIP_ATTR = "skipped"
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def default_storage(runs_dir: Path = DEFAULT_RUNS_DIR) -> str:
+    """An SQLite file under runs/: embedded, nothing to start, and the same command resumes it."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{runs_dir / 'dwgen.db'}"
+
+
+def study_name(p: Problem) -> str:
+    return f"dwgen-{SPACE_TAG}-{p.key}"
+
+
+def open_study(p: Problem, storage: str | None, sampler: str, seed: int) -> optuna.Study:
+    """Create or resume the problem's study (storage None keeps it in memory, for tests)."""
+    return optuna.create_study(study_name=study_name(p), storage=storage, sampler=make_sampler(sampler, seed),
+                               direction="minimize", load_if_exists=True)
+
+
+def trial_result(t: FrozenTrial) -> Result | None:
+    raw = t.user_attrs.get(RESULT_ATTR)
+    return Result.from_dict(raw) if raw else None
+
+
+def measured(study: optuna.Study) -> dict[str, tuple[Config, Result]]:
+    """Every variant this study already built or evaluated, by digest (skips and duplicates excluded)."""
+    out: dict[str, tuple[Config, Result]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        r = trial_result(t)
+        if r is not None and not t.user_attrs.get("duplicate"):
+            out.setdefault(r.digest, (Config(**t.params), r))
+    return out
+
+
+def record(study: optuna.Study, trial: optuna.Trial, result: Result, duplicate: bool = False) -> None:
+    """Store the result on the trial and tell Optuna: a time when correct, a failure otherwise."""
+    trial.set_user_attr(RESULT_ATTR, result.to_dict())
+    if duplicate:
+        trial.set_user_attr("duplicate", True)
+    if result.ok:
+        study.tell(trial, result.kernel_ms)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def record_skip(study: optuna.Study, trial: optuna.Trial, reasons: list[str]) -> None:
+    trial.set_user_attr(SKIP_ATTR, reasons)
+    study.tell(trial, state=TrialState.FAIL)

@@ -1,0 +1,123 @@
+"""The search loop with a fake builder and evaluator: dedupe, resume, seeding, samplers, crashes."""
+from __future__ import annotations
+
+import pytest
+
+from dwgen.build import Build
+from dwgen.problem import Problem
+from dwgen.result import Result
+from dwgen.space import enumerate_space, known_good
+from search import loop
+from search import study as st
+from search.samplers import SAMPLERS
+
+PROBLEM = Problem(8, 64, 2048)
+
+
+def fake_time(v) -> float:
+    c = v.config
+    return 1.0 + abs(c.threads - 256) / 1000 + (4 - c.vec) / 10 + (c.halo != "l1") / 20 + c.outs / 100
+
+
+class FakeEvaluator:
+    def __init__(self, wrong=(), crash_after=None):
+        self.calls: list[str] = []
+        self.wrong = set(wrong)
+        self.crash_after = crash_after
+
+    def evaluate(self, cand, base: Result) -> Result:
+        if self.crash_after is not None and len(self.calls) >= self.crash_after:
+            raise KeyboardInterrupt  # the whole tuning process dies mid-search
+        self.calls.append(cand.variant.digest)
+        if cand.variant.config.halo in self.wrong:
+            return base.with_(status="wrong", message="mismatch")
+        return base.with_(kernel_ms=fake_time(cand.variant), copy_ms=1.0, torch_ms=5.0, reps=20)
+
+    def retime(self, cands, rounds):
+        return {"copy_": 1.0, "torch": 5.0, **{c.variant.name: fake_time(c.variant) for c in cands}}
+
+
+class FakeBuilder:
+    def __init__(self, fail_halo=None):
+        self.built: list[str] = []
+        self.fail_halo = fail_halo
+
+    def __call__(self, variants):
+        out = []
+        for v in variants:
+            self.built.append(v.digest)
+            if v.config.halo == self.fail_halo:
+                out.append(Build(v.name, "compile_error", log="ptxas error: too many resources", log_path="x.log"))
+            else:
+                out.append(Build(v.name, "ok", cubin=f"/nowhere/{v.name}.cubin", registers=32, spill_bytes=0))
+        return out
+
+
+def open_study(tmp_path, sampler="tpe", seed=0):
+    return st.open_study(PROBLEM, st.default_storage(tmp_path), sampler, seed)
+
+
+def run(tmp_path, trials, evaluator=None, builder=None, sampler="tpe", seed=0):
+    evaluator = evaluator or FakeEvaluator()
+    builder = builder or FakeBuilder()
+    study = open_study(tmp_path, sampler, seed)
+    known, stats = loop.search(PROBLEM, study, builder, evaluator, trials=trials, batch=4, log=lambda s: None)
+    return known, stats, evaluator, builder, study
+
+
+def test_known_good_first_and_never_twice(tmp_path):
+    known, stats, ev, b, _ = run(tmp_path, trials=20)
+    assert stats.evaluated == 20 == len(ev.calls) == len(set(ev.calls)) == len(b.built)
+    first = [known[d][0].config for d in ev.calls[: len(known_good(PROBLEM))]]
+    assert first == known_good(PROBLEM)
+
+
+def test_resume_continues_without_repeating(tmp_path):
+    run(tmp_path, trials=12)
+    known, stats, ev, b, study = run(tmp_path, trials=12)
+    assert len(ev.calls) == 12
+    assert len(st.measured(study)) == 24 == len(known)
+
+
+def test_crash_mid_search_leaves_study_resumable(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, trials=30, evaluator=FakeEvaluator(crash_after=7))
+    study = open_study(tmp_path)
+    assert len(st.measured(study)) == 7
+    known, stats, ev, _, _ = run(tmp_path, trials=5)
+    assert len(known) == 12 and not set(ev.calls) & set(list(known)[:7])
+
+
+def test_same_seed_same_sequence(tmp_path):
+    a = run(tmp_path / "a", trials=15, seed=3)[2].calls
+    b = run(tmp_path / "b", trials=15, seed=3)[2].calls
+    c = run(tmp_path / "c", trials=15, seed=4)[2].calls
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_every_sampler_finds_correct_variants(tmp_path, sampler):
+    known, stats, ev, _, _ = run(tmp_path, trials=16, sampler=sampler)
+    assert stats.evaluated == 16 and stats.correct == 16
+    v, r, times = loop.decide(known, FakeBuilder(), ev)
+    assert r.ok and r.kernel_ms == min(fake_time(v) for v, _ in known.values())
+
+
+def test_grid_sampler_stops_when_space_is_exhausted(tmp_path):
+    p = Problem(1, 2, 63, 3, 2, 1)  # odd lengths: vec 1 only, few variants
+    study = st.open_study(p, None, "grid", 0)  # in memory: 540 grid points are slow asks on SQLite
+    ev = FakeEvaluator()
+    known, stats = loop.search(p, study, FakeBuilder(), ev, trials=10_000, batch=8, log=lambda s: None)
+    assert stats.evaluated == len(enumerate_space(p)) == len(set(ev.calls))
+
+
+def test_failures_are_recorded_never_chosen(tmp_path):
+    known, stats, ev, _, study = run(tmp_path, trials=30, evaluator=FakeEvaluator(wrong={"shfl"}),
+                                     builder=FakeBuilder(fail_halo="smem"))
+    statuses = {r.status for _, r in known.values()}
+    assert statuses <= {"ok", "wrong", "compile_error"}
+    assert stats.build_failed == sum(r.status == "compile_error" for _, r in known.values())
+    assert all(v.config.halo == "l1" for v, _ in loop.finalists(known))
+    failed = [r for _, r in st.measured(study).values() if not r.ok]
+    assert failed and all(r.message for r in failed)
