@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from dwgen import freeze, render
+from dwgen.problem import Problem
+from dwgen.result import Result
+from dwgen.space import Config, Variant
+
+MACHINE = {"gpu": "NVIDIA H200", "capability": "9.0", "driver": "580", "torch": "2.11", "cuda": "13.0",
+           "date": "2026-11-30", "sm_count": 132}
+
+
+def winner(p: Problem, c: Config, ms: float = 0.27) -> freeze.Winner:
+    v = Variant(p, c)
+    r = Result(v.name, v.digest, "ok", kernel_ms=ms, copy_ms=0.26, torch_ms=1.27, reps=50, max_rel_error=1e-7)
+    return freeze.Winner(v, r, MACHINE)
+
+
+def load_module(path, name):
+    spec = importlib.util.spec_from_file_location(name, path / "__init__.py", submodule_search_locations=[str(path)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
+    w = winner(Problem(32, 512, 8192), Config(threads=256, vec=4, outs=1, halo="l1", stream=True))
+    m = freeze.freeze([w], tmp_path)
+    (e,) = m["entries"]
+    assert e["problem"] == w.variant.problem.to_dict()
+    assert e["variant"]["name"] == w.variant.name and e["variant"]["digest"] == w.variant.digest
+    assert e["measured"]["kernel_ms"] == 0.27 and e["measured"]["x_copy"] == pytest.approx(0.27 / 0.26)
+    assert e["machine"]["gpu"] == "NVIDIA H200"
+    assert (tmp_path / e["file"]).read_text() == render.render_variant(w.variant)
+    assert (tmp_path / m["generic"]["file"]).read_text() == render.render_any()
+    assert json.loads((tmp_path / "manifest.json").read_text()) == m
+    assert freeze.stale_entries(tmp_path) == []
+    mod = load_module(tmp_path, "frozen_a")
+    assert mod.MANIFEST == m and callable(mod.depthwise_conv1d)
+
+
+def test_freeze_merges_and_sorts_by_problem(tmp_path):
+    a = winner(Problem(32, 512, 8192), Config())
+    b = winner(Problem(16, 1024, 4096, 7, 1, 3), Config(vec=4, outs=2, halo="smem"))
+    freeze.freeze([a], tmp_path)
+    m = freeze.freeze([b], tmp_path)
+    assert [e["key"] for e in m["entries"]] == sorted([a.variant.problem.key, b.variant.problem.key])
+    a2 = winner(Problem(32, 512, 8192), Config(threads=512), ms=0.25)
+    m = freeze.freeze([a2], tmp_path)
+    assert len(m["entries"]) == 2
+    assert {e["variant"]["name"] for e in m["entries"]} == {a2.variant.name, b.variant.name}
+    assert not (tmp_path / f"kernels/{a.variant.name}-{a.variant.digest[:12]}.cu").exists()  # collected
+
+
+def test_crash_mid_freeze_leaves_previous_module_intact(tmp_path, monkeypatch):
+    freeze.freeze([winner(Problem(32, 512, 8192), Config())], tmp_path)
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    real = freeze.atomic_write
+
+    def dying(path, text):
+        if path.name == "manifest.json":
+            raise OSError("disk full")
+        real(path, text)
+
+    monkeypatch.setattr(freeze, "atomic_write", dying)
+    with pytest.raises(OSError):
+        freeze.freeze([winner(Problem(16, 1024, 4096, 7, 1, 3), Config(halo="smem"))], tmp_path)
+    for rel, data in before.items():
+        assert (tmp_path / rel).read_bytes() == data, rel
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    for f in [e["file"] for e in m["entries"]] + [m["generic"]["file"], m["launcher"]]:
+        assert (tmp_path / f).exists()
+    assert not list(tmp_path.rglob(".*.tmp*")) and not [p for p in tmp_path.rglob(".manifest.json.*")]
+
+
+def test_only_correct_results_are_frozen(tmp_path):
+    w = winner(Problem(32, 512, 8192), Config())
+    bad = freeze.Winner(w.variant, w.result.with_(status="wrong"), MACHINE)
+    with pytest.raises(freeze.FreezeError, match="did not pass"):
+        freeze.freeze([bad], tmp_path)
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_stale_entry_detected_when_template_changes(tmp_path, monkeypatch):
+    freeze.freeze([winner(Problem(32, 512, 8192), Config())], tmp_path)
+    from dwgen import space
+
+    real = space.template_text
+    monkeypatch.setattr(space, "template_text", lambda n: real(n) + "// edited\n")
+    assert "32x512x8192_k3_s1_p1_d1_fp32_nobias" in freeze.stale_entries(tmp_path)

@@ -1,0 +1,65 @@
+"""The committed frozen module: fresh against its templates, complete, light, and it builds."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dwgen import freeze
+from tests.conftest import ROOT
+
+GEN = ROOT / "generated"
+m = freeze.read_manifest(GEN)
+pytestmark = pytest.mark.skipif(not m, reason="no generated/manifest.json committed yet")
+
+
+def test_no_entry_is_stale():
+    assert freeze.stale_entries(GEN) == [], "templates or flags changed under a frozen entry: re-tune it"
+
+
+def test_entries_record_where_their_numbers_came_from():
+    assert m["entries"]
+    for e in m["entries"]:
+        assert set(e["problem"]) >= {"batch", "channels", "length", "kernel_size", "stride", "padding",
+                                     "dilation", "dtype", "bias"}
+        assert {"gpu", "capability", "driver", "torch", "cuda", "date"} <= set(e["machine"])
+        meas = e["measured"]
+        assert meas["kernel_ms"] > 0 and meas["copy_ms"] > 0 and meas["torch_ms"] > 0
+        first = (GEN / e["file"]).read_text().splitlines()[0]
+        assert e["variant"]["name"] in first and e["variant"]["digest"] in first
+
+
+def test_target_shape_is_frozen():
+    assert "32x512x8192_k3_s1_p1_d1_fp32_nobias" in {e["key"] for e in m["entries"]}
+
+
+def test_imports_need_only_torch():
+    code = ("import sys, generated; "
+            "bad = [n for n in ('dwgen', 'search', 'optuna', 'jinja2') if n in sys.modules]; "
+            "assert not bad, bad; assert callable(generated.depthwise_conv1d)")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_bad_input_is_refused_in_one_line():
+    import torch
+
+    import generated
+
+    x = torch.randn(2, 4, 16)
+    with pytest.raises(ValueError, match="CUDA device") as e:
+        generated.depthwise_conv1d(x, torch.randn(4, 1, 3))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+def test_builds_with_load_inline(tmp_path):
+    """Compile the frozen module as a user's first call would (no GPU needed for the build)."""
+    env = dict(os.environ, DWGEN_BUILD_DIR=str(tmp_path))
+    code = ("import generated; ext = generated.build(); "
+            "assert hasattr(ext, 'launch_tuned') and hasattr(ext, 'launch_any'); print('built')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "built" in out.stdout
