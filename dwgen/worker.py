@@ -77,14 +77,17 @@ class _Bench:
             q for q in check.edge_problems(self.problem, v.tile_outputs, v.config.vec)
             if all(r(q, v.config) for r in SIZE_RESTRICTIONS)
         ]
+        worst = 0.0
         for q in problems:
             outcome = check.check(q, run, cache=self.refs)
             if not outcome.ok:
                 return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
+            worst = max(worst, outcome.max_rel_error)
         x, w, b, _, _ = self.refs.get(self.problem, 0)
         y = torch.empty(self.problem.batch, self.problem.channels, self.problem.out_length, device="cuda")
         t = self.timer.time(prepare(self.problem, x, w, b, y))
-        return {"status": "ok", "kernel_ms": t.median_ms, "reps": t.reps, **self.baselines()}
+        return {"status": "ok", "kernel_ms": t.median_ms, "reps": t.reps, "max_rel_error": worst,
+                **self.baselines()}
 
     def retime(self, cands: list[Candidate], rounds: int) -> dict:
         """Re-time the finalists interleaved with copy_ and PyTorch; returns medians by name."""
