@@ -1,0 +1,140 @@
+"""Frozen dwgen kernels: depthwise_conv1d, tuned for the problems in manifest.json, generic elsewhere.
+
+Written by dwgen's freeze step (from dwgen/frozen_dispatch.py); do not edit. Needs only torch, plus nvcc
+and ninja for the first build, which load_inline caches.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+_HERE = Path(__file__).resolve().parent
+MANIFEST: dict = json.loads((_HERE / "manifest.json").read_text()) if (_HERE / "manifest.json").exists() else {}
+_KEY_FIELDS = ("batch", "channels", "length", "kernel_size", "stride", "padding", "dilation", "dtype", "bias")
+_TABLE = {tuple(e["problem"][f] for f in _KEY_FIELDS): i for i, e in enumerate(MANIFEST.get("entries", []))}
+
+_DECLS = """
+#include <torch/extension.h>
+void launch_tuned(int64_t which, torch::Tensor x, torch::Tensor w, std::optional<torch::Tensor> b, torch::Tensor y);
+void launch_any(torch::Tensor x, torch::Tensor w, std::optional<torch::Tensor> b, torch::Tensor y,
+                int64_t K, int64_t S, int64_t P, int64_t D);
+"""
+
+_ext = None
+_lock = threading.Lock()
+
+
+def _sources() -> list[str]:
+    files = [e["file"] for e in MANIFEST["entries"]] + [MANIFEST["generic"]["file"], MANIFEST["launcher"]]
+    return [(_HERE / f).read_text() for f in files]
+
+
+def build(verbose: bool = False):
+    """Compile (once, cached by torch by content) and return the extension holding the kernels."""
+    global _ext
+    with _lock:
+        if _ext is not None:
+            return _ext
+        if not MANIFEST:
+            raise RuntimeError("dwgen: generated/manifest.json is missing; run `python tune.py` to create it")
+        sources = _sources()
+        digest = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
+        # torch reads CUDA_HOME when cpp_extension is first imported; a bare `which nvcc` can mislead it.
+        if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/bin/nvcc"):
+            os.environ["CUDA_HOME"] = "/usr/local/cuda"
+        from torch.utils.cpp_extension import load_inline
+
+        arch_before = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        if arch_before is None:  # build for this GPU only (or Hopper when there is none, as in CI)
+            cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
+            os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}"
+        try:
+            _ext = load_inline(
+                name=f"dwgen_generated_{digest}",
+                cpp_sources=[_DECLS],
+                cuda_sources=sources,
+                functions=["launch_tuned", "launch_any"],
+                extra_cuda_cflags=list(MANIFEST["nvcc_flags"]),
+                build_directory=os.environ.get("DWGEN_BUILD_DIR") or None,
+                verbose=verbose,
+            )
+        finally:
+            if arch_before is None:
+                del os.environ["TORCH_CUDA_ARCH_LIST"]
+        return _ext
+
+
+def _problem_key(x: torch.Tensor, k: int, stride: int, padding: int, dilation: int, has_bias: bool) -> tuple:
+    dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(x.dtype, str(x.dtype))
+    return (*x.shape, k, stride, padding, dilation, dtype, has_bias)
+
+
+def _validate(x, weight, bias, stride, padding, dilation) -> int:
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError("dwgen: x must be a (batch, channels, length) tensor")
+    if not x.is_cuda:
+        raise ValueError("dwgen: x must be on a CUDA device; move it with x.cuda()")
+    if x.dtype != torch.float32:
+        raise TypeError(f"dwgen: only float32 is supported so far, got {x.dtype}; use x.float()")
+    channels = x.shape[1]
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 3 or weight.shape[0] != channels or weight.shape[1] != 1:
+        raise ValueError(f"dwgen: weight must have shape ({channels}, 1, K) for depthwise conv, "
+                         f"got {tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (channels,)):
+        raise ValueError(f"dwgen: bias must have shape ({channels},) or be None")
+    for t in (weight, bias):
+        if t is not None and (t.device != x.device or t.dtype != x.dtype):
+            raise ValueError(f"dwgen: weight and bias must be {x.dtype} on {x.device}, like x")
+    for name, v, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"dwgen: {name} must be an int >= {low}, got {v!r}")
+    k = weight.shape[2]
+    out_length = (x.shape[2] + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+    if out_length < 1:
+        raise ValueError(f"dwgen: no output for length {x.shape[2]}, kernel {k}, padding {padding}, "
+                         f"dilation {dilation}; raise padding or the length")
+    return out_length
+
+
+def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1) -> str:
+    """Name of the kernel depthwise_conv1d would run for these arguments."""
+    _validate(x, weight, bias, stride, padding, dilation)
+    i = _tuned_index(x, weight.shape[2], bias is not None, stride, padding, dilation)
+    return MANIFEST["entries"][i]["variant"]["name"] if i is not None else MANIFEST["generic"]["name"]
+
+
+def _tuned_index(x, k, has_bias, stride, padding, dilation) -> int | None:
+    i = _TABLE.get(_problem_key(x, k, stride, padding, dilation, has_bias))
+    if i is None:
+        return None
+    align = MANIFEST["entries"][i]["variant"]["align_bytes"]
+    # A contiguous view that starts mid-allocation may break the vector accesses' alignment;
+    # a non-contiguous x is copied into a fresh, aligned allocation first.
+    return i if not x.is_contiguous() or x.data_ptr() % align == 0 else None
+
+
+def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     stride: int = 1, padding: int = 0, dilation: int = 1) -> torch.Tensor:
+    """F.conv1d(x, weight, bias, stride, padding, dilation, groups=channels), on dwgen's kernels."""
+    out_length = _validate(x, weight, bias, stride, padding, dilation)
+    batch, channels, _ = x.shape
+    y = torch.empty((batch, channels, out_length), device=x.device, dtype=x.dtype)
+    if y.numel() == 0:
+        return y
+    k = weight.shape[2]
+    i = _tuned_index(x, k, bias is not None, stride, padding, dilation)
+    x = x.contiguous()
+    weight = weight.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    ext = build()
+    with torch.cuda.device(x.device):
+        if i is not None:
+            ext.launch_tuned(i, x, weight, bias, y)
+        else:
+            ext.launch_any(x, weight, bias, y, k, stride, padding, dilation)
+    return y
