@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dwgen.problem import Problem, ProblemError
 
@@ -76,12 +76,16 @@ def edge_problems(p: Problem, tile: int, vec: int) -> list[Problem]:
         (2, 3, tile + vec), (3, 5, 3 * tile - vec), (1, 1, 2 * tile + 1), (2, 1, 4096 + 3), (1, 4, 1000),
         (p.batch if p.batch <= 4 else 1, 1, p.length), (1, p.channels, min(p.length, 4 * tile)),
     ]
+    # Padding and bias are run-time arguments of a kernel: check other values than the tuned ones too.
+    others = [(2, 3, tile + 5, 0, not p.bias), (1, 2, 3 * tile + 1, p.kernel_size - 1, p.bias),
+              (1, 3, 999, (p.kernel_size - 1) // 2 * p.dilation, not p.bias)]
     out: list[Problem] = []
-    for b, c, n in sizes:
+    candidates = [(b, c, n, p.padding, p.bias) for b, c, n in sizes] + others
+    for b, c, n, pad, bias in candidates:
         if n < 1:
             continue
         try:
-            q = p.with_size(b, c, n)
+            q = replace(p, batch=b, channels=c, length=n, padding=pad, bias=bias)
         except ProblemError:
             continue  # no output at this length with this padding
         if q not in out and q != p:

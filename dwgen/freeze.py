@@ -16,9 +16,9 @@ from pathlib import Path
 from dwgen import render
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import NVCC_FLAGS, Config, Variant
+from dwgen.space import MAX_THREADS_PER_SM, NVCC_FLAGS, Config, Variant, generic_variants, signature
 
-SCHEMA = 1
+SCHEMA = 2
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "generated"
 DISPATCH_SOURCE = Path(__file__).resolve().parent / "frozen_dispatch.py"
 LAUNCH_TEMPLATE = "frozen_launch.cu.j2"
@@ -59,6 +59,22 @@ def read_manifest(out_dir: Path = DEFAULT_DIR) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _kernel_record(v: Variant) -> dict:
+    return {
+        "name": v.name,
+        "digest": v.digest,
+        "file": f"kernels/{v.name}-{v.digest[:12]}.cu",
+        "signature": signature(v.problem),
+        "config": v.config.to_dict(),
+        "threads": v.config.threads,
+        "vec": v.config.vec,
+        "tile_vectors": v.tile_vectors,
+        "walk": v.config.walk,
+        "blocks_per_sm": max(1, MAX_THREADS_PER_SM // v.config.threads),
+        "align_bytes": v.align_bytes,
+    }
+
+
 def _entry(w: Winner) -> dict:
     v, r = w.variant, w.result
     if not r.ok:
@@ -66,16 +82,9 @@ def _entry(w: Winner) -> dict:
     return {
         "problem": v.problem.to_dict(),
         "key": v.problem.key,
-        "variant": {
-            "name": v.name,
-            "digest": v.digest,
-            "config": v.config.to_dict(),
-            "threads": v.config.threads,
-            "tile_outputs": v.tile_outputs,
-            "walk": v.config.walk,
-            "align_bytes": v.align_bytes,
-        },
-        "file": f"kernels/{v.name}-{v.digest[:12]}.cu",
+        "kernel": v.name,
+        "digest": v.digest,
+        "config": v.config.to_dict(),
         "measured": {
             "kernel_ms": r.kernel_ms,
             "copy_ms": r.copy_ms,
@@ -89,47 +98,62 @@ def _entry(w: Winner) -> dict:
     }
 
 
-def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR) -> dict:
-    """Merge winners into generated/ (a winner replaces the entry of the same problem) and return the manifest."""
+def entry_variant(e: dict) -> Variant:
+    return Variant(Problem(**e["problem"]), Config(**e["config"]))
+
+
+def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print) -> dict:
+    """Merge winners into generated/ (a winner replaces the entry of the same problem) and return the manifest.
+
+    Entries carried over from the previous manifest are dropped when the current templates or flags
+    would build a different kernel for them: their numbers no longer describe the code.
+    """
     out_dir = Path(out_dir)
+    entries: dict[str, dict] = {}
     old = read_manifest(out_dir)
-    entries = {e["key"]: e for e in old.get("entries", [])}
-    sources: dict[str, str] = {}
+    if old and old.get("schema") != SCHEMA:
+        log(f"dropping {len(old.get('entries', []))} entries of manifest schema {old.get('schema')}; re-tune them")
+        old = {}
+    for e in old.get("entries", []):
+        if entry_variant(e).digest == e["digest"]:
+            entries[e["key"]] = e
+        else:
+            log(f"dropping stale entry {e['key']} ({e['kernel']}): the templates changed under it; re-tune it")
     for w in winners:
         e = _entry(w)
         entries[e["key"]] = e
-        sources[e["file"]] = render.render_variant(w.variant)
-    ordered = [entries[k] for k in sorted(entries)]
-    for e in ordered:  # entries carried over from the old manifest must still have their sources
-        if e["file"] not in sources and not (out_dir / e["file"]).exists():
-            raise FreezeError(f"{out_dir / e['file']} is missing; re-tune {e['key']} or restore the file")
+    variants = {v.name: v for v in map(entry_variant, entries.values())}
+    fast = generic_variants()
+    for v in fast:
+        variants.setdefault(v.name, v)
+    kernels = [_kernel_record(variants[n]) for n in sorted(variants)]
+    sources = {k["file"]: render.render_variant(variants[k["name"]]) for k in kernels}
 
     any_file = f"kernels/{render.ANY_NAME}-{render.any_digest()[:12]}.cu"
     sources[any_file] = render.render_any()
     launch_ctx = {
         "template": LAUNCH_TEMPLATE,
-        "entries": [
-            {"index": i, "name": e["variant"]["name"], "threads": e["variant"]["threads"],
-             "tile_outputs": e["variant"]["tile_outputs"], "walk": e["variant"]["walk"]}
-            for i, e in enumerate(ordered)
-        ],
+        "kernels": [{"index": i, **k} for i, k in enumerate(kernels)],
         "any_name": render.ANY_NAME,
         "any_threads": render.ANY_THREADS,
         "any_max_blocks": ANY_MAX_BLOCKS,
     }
     launch_digest = hashlib.sha256(json.dumps(launch_ctx, sort_keys=True).encode()).hexdigest()
-    launcher = render.render_launcher(launch_ctx, launch_digest)
     launch_file = f"launch-{launch_digest[:12]}.cu"
-    sources[launch_file] = launcher
+    sources[launch_file] = render.render_launcher(launch_ctx, launch_digest)
 
     manifest = {
         "schema": SCHEMA,
         "note": "written by dwgen's freeze step (python tune.py); do not edit",
         "nvcc_flags": list(NVCC_FLAGS),
-        "generic": {"name": render.ANY_NAME, "digest": render.any_digest(), "file": any_file,
-                    "threads": render.ANY_THREADS},
+        "kernels": kernels,
+        "entries": [entries[k] for k in sorted(entries)],
+        "generic": {
+            "fast": {str(v.problem.kernel_size): v.name for v in fast},
+            "scalar": {"name": render.ANY_NAME, "digest": render.any_digest(), "file": any_file,
+                       "threads": render.ANY_THREADS},
+        },
         "launcher": launch_file,
-        "entries": ordered,
     }
     for rel, text in sources.items():
         path = out_dir / rel
@@ -142,23 +166,33 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR) -> dict:
     return manifest
 
 
+def _source_files(manifest: dict) -> list[str]:
+    return [k["file"] for k in manifest["kernels"]] + [manifest["generic"]["scalar"]["file"], manifest["launcher"]]
+
+
 def _collect_garbage(out_dir: Path, manifest: dict) -> None:
     """Remove sources the committed manifest no longer names (only after it is in place)."""
-    keep = {e["file"] for e in manifest["entries"]} | {manifest["generic"]["file"], manifest["launcher"]}
+    keep = set(_source_files(manifest))
     for path in list((out_dir / "kernels").glob("*.cu")) + list(out_dir.glob("launch-*.cu")):
         if str(path.relative_to(out_dir)) not in keep:
             path.unlink()
 
 
 def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
-    """Entries whose source no longer matches what the current templates and flags would render."""
+    """What no longer matches the current templates and flags: entry keys, kernel names, 'generic'."""
     m = read_manifest(out_dir)
-    stale = []
-    for e in m.get("entries", []):
-        p = Problem(**e["problem"])
-        v = Variant(p, Config(**e["variant"]["config"]))
-        if v.digest != e["variant"]["digest"] or (out_dir / e["file"]).read_text() != render.render_variant(v):
-            stale.append(e["key"])
-    if m and m["generic"]["digest"] != render.any_digest():
+    if not m:
+        return []
+    if m.get("schema") != SCHEMA:
+        return [f"schema {m.get('schema')}"]
+    stale = [e["key"] for e in m["entries"] if entry_variant(e).digest != e["digest"]]
+    # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
+    variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *generic_variants()]}
+    for k in m["kernels"]:
+        v = variants.get(k["name"])
+        if v is None or v.digest != k["digest"] or (out_dir / k["file"]).read_text() != render.render_variant(v):
+            stale.append(k["name"])
+    fast = {str(v.problem.kernel_size): v.name for v in generic_variants()}
+    if m["generic"]["scalar"]["digest"] != render.any_digest() or m["generic"]["fast"] != fast:
         stale.append("generic")
     return stale

@@ -73,16 +73,14 @@ def render_variant(v: Variant) -> str:
         "threads": _cpp_int(c.threads),
         "vec": _cpp_int(c.vec),
         "outs": _cpp_int(c.outs),
-        "tile_outputs": _cpp_int(v.tile_outputs),
+        "run": _cpp_int(c.run),
+        "tile_vectors": _cpp_int(v.tile_vectors),
         "kernel_size": _cpp_int(p.kernel_size),
         "stride": _cpp_int(p.stride),
-        "padding": _cpp_int(p.padding),
         "dilation": _cpp_int(p.dilation),
-        "bias": _cpp_bool(p.bias),
         "stream": _cpp_bool(c.stream),
-        "lead": _cpp_int(v.lead),
-        "window_offset": _cpp_int(v.window_offset),
-        "window_vectors": _cpp_int(v.window_vectors),
+        "window_vectors": [_cpp_int(v.window_vectors(r)) for r in range(c.vec)],
+        "max_window_vectors": _cpp_int(v.max_window_vectors),
         "smem_vectors": _cpp_int(v.smem_vectors),
         "halo": _enum(c.halo, AXES["halo"]),
         "walk": _enum(c.walk, AXES["walk"]),
@@ -102,13 +100,23 @@ def render_any() -> str:
     )
 
 
+NAIVE_TEMPLATE = "naive.cu.j2"
+NAIVE_NAME = "naive_dw1d_f32"
+
+
+def render_naive() -> tuple[str, str]:
+    """Source and digest of the benchmark's naive CUDA contender."""
+    digest = content_digest({"name": NAIVE_NAME}, (NAIVE_TEMPLATE,))
+    return _ENV.get_template(NAIVE_TEMPLATE).render(template=NAIVE_TEMPLATE, name=NAIVE_NAME, digest=digest), digest
+
+
 def render_launcher(ctx: dict, digest: str) -> str:
-    """Host launchers of the frozen module, one switch case per tuned entry."""
-    for e in ctx["entries"]:
-        _identifier(e["name"])
-        for k in ("index", "threads", "tile_outputs"):
-            _cpp_int(e[k])
-        _enum(e["walk"], AXES["walk"])
+    """Host launchers of the frozen module, one switch case per specialised kernel."""
+    for k in ctx["kernels"]:
+        _identifier(k["name"])
+        for f in ("index", "threads", "vec", "tile_vectors", "blocks_per_sm"):
+            _cpp_int(k[f])
+        _enum(k["walk"], AXES["walk"])
     _identifier(ctx["any_name"])
     _cpp_int(ctx["any_threads"])
     _cpp_int(ctx["any_max_blocks"])

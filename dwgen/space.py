@@ -24,7 +24,8 @@ AXES: dict[str, tuple] = {
     "threads": (64, 128, 256, 512, 1024),
     "vec": (1, 2, 4),
     "outs": (1, 2, 4),
-    "walk": ("tile", "row"),
+    "run": (1, 2),
+    "walk": ("tile", "row", "persistent"),
     "halo": ("l1", "smem", "shfl"),
     "stream": (False, True),
 }
@@ -33,6 +34,7 @@ HALOS = AXES["halo"]
 
 SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory without opting in to more
 MAX_WINDOW_FLOATS = 64  # beyond this the per-thread register window spills
+MAX_THREADS_PER_SM = 2048  # Hopper; a persistent grid launches this many threads per SM
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,9 @@ class Config:
 
     threads: int = 256
     vec: int = 4
-    outs: int = 1
-    walk: str = "tile"  # tile: one block per tile of a row; row: one block walks a whole row
+    outs: int = 1  # independent vector groups per thread per tile step (loads in flight)
+    run: int = 1  # consecutive output vectors per group, sharing one register window (large K)
+    walk: str = "tile"  # tile: a block per tile; row: a block walks a row; persistent: a GPU-sized grid
     halo: str = "l1"  # l1: re-read neighbours through L1; smem: tile in shared memory; shfl: warp shuffles
     stream: bool = False  # streaming cache hints (__ldcs / __stcs) instead of __ldg / plain stores
 
@@ -58,39 +61,40 @@ class Config:
 
 @dataclass(frozen=True)
 class Variant:
-    """A config specialised to one problem's compile-time parameters (K, stride, padding, dilation, bias)."""
+    """A config specialised to a problem's compile-time parameters (K, stride, dilation, dtype).
+
+    Sizes, padding and bias are run-time arguments, so one variant serves every problem of its signature.
+    """
 
     problem: Problem
     config: Config
 
-    # Derived numbers, computed here once and passed to the template.
+    # Derived numbers, computed here once; the template derives the same ones from the same constants.
+    @property
+    def tile_vectors(self) -> int:
+        c = self.config
+        return c.threads * c.outs * c.run
+
     @property
     def tile_outputs(self) -> int:
-        c = self.config
-        return c.threads * c.vec * c.outs
+        return self.tile_vectors * self.config.vec
+
+    def window_vectors(self, offset: int) -> int:
+        """Vectors in one group's input window when its first input sits `offset` elements into a vector."""
+        p, c = self.problem, self.config
+        return (offset + (c.run * c.vec - 1) * p.stride + (p.kernel_size - 1) * p.dilation) // c.vec + 1
 
     @property
-    def lead(self) -> int:
-        """Window start, in vectors, relative to the vector of input j0*stride (floor(-padding / vec))."""
-        return -((self.problem.padding + self.config.vec - 1) // self.config.vec)
-
-    @property
-    def window_offset(self) -> int:
-        """Offset of the first needed element inside the register window: (-padding) mod vec."""
-        return (-self.problem.padding) % self.config.vec
-
-    @property
-    def window_vectors(self) -> int:
-        p, v = self.problem, self.config.vec
-        last = self.window_offset + (v - 1) * p.stride + (p.kernel_size - 1) * p.dilation
-        return last // v + 1
+    def max_window_vectors(self) -> int:
+        return self.window_vectors(self.config.vec - 1)
 
     @property
     def smem_vectors(self) -> int:
-        """Vectors of input one tile step needs when it is staged in shared memory."""
+        """Vectors of input one tile step stages in shared memory."""
         if self.config.halo != "smem":
             return 0
-        return (self.tile_outputs // self.config.vec - 1) * self.problem.stride + self.window_vectors
+        p, v = self.problem, self.config.vec
+        return ((self.tile_outputs - 1) * p.stride + (v - 1) + (p.kernel_size - 1) * p.dilation) // v + 1
 
     @property
     def smem_bytes(self) -> int:
@@ -98,16 +102,21 @@ class Variant:
 
     @property
     def align_bytes(self) -> int:
-        """Pointer alignment the vector accesses need; the dispatcher checks it at run time."""
+        """Base-pointer alignment the vector accesses need; the dispatcher checks it at run time."""
         return self.config.vec * self.problem.elem_bytes
 
     def tiles(self, out_length: int) -> int:
-        return -(-out_length // self.tile_outputs)
+        """Tile steps per row: enough for the row's aligned output vectors, and at least one."""
+        return max(1, -(-(out_length // self.config.vec) // self.tile_vectors))
 
-    def grid(self, problem: Problem) -> int:
+    def grid(self, problem: Problem, sm_count: int) -> int:
         """Blocks to launch for a problem of this variant's signature (possibly another size)."""
-        per_row = self.tiles(problem.out_length) if self.config.walk == "tile" else 1
-        return problem.rows * per_row
+        items = problem.rows * self.tiles(problem.out_length)
+        if self.config.walk == "row":
+            return problem.rows
+        if self.config.walk == "persistent":
+            return min(items, sm_count * max(1, MAX_THREADS_PER_SM // self.config.threads))
+        return items
 
     @property
     def name(self) -> str:
@@ -116,14 +125,13 @@ class Variant:
         parts = ["dw1d", {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}[p.dtype], f"k{p.kernel_size}"]
         if p.stride != 1:
             parts.append(f"s{p.stride}")
-        parts.append(f"p{p.padding}")
         if p.dilation != 1:
             parts.append(f"d{p.dilation}")
-        if p.bias:
-            parts.append("bias")
         parts += [f"t{c.threads}", f"v{c.vec}", f"o{c.outs}"]
+        if c.run != 1:
+            parts.append(f"r{c.run}")
         if c.walk != "tile":
-            parts.append(c.walk)
+            parts.append({"row": "row", "persistent": "pers"}[c.walk])
         parts.append(c.halo)
         if c.stream:
             parts.append("cs")
@@ -145,15 +153,8 @@ class Variant:
 
 
 def signature(p: Problem) -> dict:
-    """The compile-time part of a problem: what a kernel is specialised to (sizes stay run-time)."""
-    return {
-        "kernel_size": p.kernel_size,
-        "stride": p.stride,
-        "padding": p.padding,
-        "dilation": p.dilation,
-        "dtype": p.dtype,
-        "bias": p.bias,
-    }
+    """The compile-time part of a problem: what a kernel is specialised to (sizes, padding, bias stay run-time)."""
+    return {"kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation, "dtype": p.dtype}
 
 
 def template_text(name: str) -> str:
@@ -170,22 +171,22 @@ def content_digest(payload: dict, templates: tuple[str, ...]) -> str:
 
 
 # Restrictions: plain named predicates over (problem, config); True means the combination is allowed.
-def vec_divides_lengths(p: Problem, c: Config) -> bool:
-    """Vector accesses need every row of x and y to start on a vector boundary."""
-    return p.length % c.vec == 0 and p.out_length % c.vec == 0
-
-
 def shfl_needs_unit_stride(p: Problem, c: Config) -> bool:
     """Neighbouring lanes hold neighbouring inputs only when consecutive outputs read consecutive inputs."""
     return c.halo != "shfl" or p.stride == 1
 
 
+def shfl_needs_single_runs(p: Problem, c: Config) -> bool:
+    """With runs of several vectors, lane+m no longer holds window vector m."""
+    return c.halo != "shfl" or c.run == 1
+
+
 def shfl_window_within_warp(p: Problem, c: Config) -> bool:
-    return c.halo != "shfl" or Variant(p, c).window_vectors <= 16
+    return c.halo != "shfl" or Variant(p, c).max_window_vectors <= 16
 
 
 def window_fits_registers(p: Problem, c: Config) -> bool:
-    return Variant(p, c).window_vectors * c.vec <= MAX_WINDOW_FLOATS
+    return Variant(p, c).max_window_vectors * c.vec <= MAX_WINDOW_FLOATS
 
 
 def smem_fits(p: Problem, c: Config) -> bool:
@@ -194,28 +195,24 @@ def smem_fits(p: Problem, c: Config) -> bool:
 
 def tile_fits_row(p: Problem, c: Config) -> bool:
     """A tile longer than the row leaves most threads idle; allow one warp's worth of vectors at least."""
-    tile = c.threads * c.vec * c.outs
-    return tile <= max(p.out_length, 32 * c.vec) or (c.threads == 64 and c.outs == 1)
+    tile = c.threads * c.vec * c.outs * c.run
+    return tile <= max(p.out_length, 32 * c.vec) or (c.threads == 64 and c.outs == 1 and c.run == 1)
 
 
-def row_walk_needs_several_tiles(p: Problem, c: Config) -> bool:
+def several_tiles_to_walk(p: Problem, c: Config) -> bool:
     """With one tile per row, walking the row is the tile walk under another name."""
-    return c.walk != "row" or p.out_length > c.threads * c.vec * c.outs
+    return c.walk != "row" or p.out_length > c.threads * c.vec * c.outs * c.run
 
 
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
-    vec_divides_lengths,
     shfl_needs_unit_stride,
+    shfl_needs_single_runs,
     shfl_window_within_warp,
     window_fits_registers,
     smem_fits,
     tile_fits_row,
-    row_walk_needs_several_tiles,
+    several_tiles_to_walk,
 )
-
-# Restrictions that depend on the tensor sizes, not only on the signature: the frozen dispatcher
-# and the edge-shape checks must re-test these for any other size.
-SIZE_RESTRICTIONS = (vec_divides_lengths,)
 
 
 def violations(p: Problem, c: Config) -> list[str]:
@@ -234,15 +231,32 @@ def enumerate_space(p: Problem) -> list[Variant]:
     return [Variant(p, c) for c in all_configs() if not violations(p, c)]
 
 
-# Tried first: designs that measured well (see docs/perf-notes.md), then a plain scalar one.
+# Tried first: designs that measured well on the H200 (docs/perf-notes.md), then a plain scalar one.
 KNOWN_GOOD: tuple[Config, ...] = (
-    Config(threads=256, vec=4, outs=1, walk="tile", halo="l1", stream=True),
-    Config(threads=256, vec=4, outs=2, walk="tile", halo="shfl", stream=True),
-    Config(threads=128, vec=4, outs=2, walk="tile", halo="smem", stream=True),
-    Config(threads=512, vec=4, outs=1, walk="tile", halo="l1", stream=False),
-    Config(threads=256, vec=1, outs=4, walk="tile", halo="l1", stream=False),
+    Config(threads=128, vec=4, outs=2, halo="shfl"),
+    Config(threads=128, vec=4, outs=2, halo="l1"),
+    Config(threads=256, vec=4, outs=1, halo="l1", stream=True),
+    Config(threads=128, vec=4, outs=1, run=2, halo="smem"),
+    Config(threads=256, vec=4, outs=2, walk="persistent", halo="l1"),
+    Config(threads=256, vec=1, outs=4, halo="l1"),
 )
 
 
 def known_good(p: Problem) -> list[Config]:
     return [c for c in KNOWN_GOOD if not violations(p, c)]
+
+
+# The frozen module's fast path for problems nobody tuned: one kernel per K for stride 1 and dilation 1
+# (padding, bias and sizes are run-time), built from this config, which measured best on the target.
+GENERIC_CONFIG = Config(threads=128, vec=4, outs=2, halo="shfl")
+GENERIC_KERNEL_SIZES = tuple(range(1, 10))
+
+
+def generic_variants(dtype: str = "fp32") -> list[Variant]:
+    """The fast generic kernels; the problem of each only carries the signature (K, stride 1, dilation 1)."""
+    out = []
+    for k in GENERIC_KERNEL_SIZES:
+        v = Variant(Problem(1, 1, 4096, k, 1, (k - 1) // 2, 1, dtype), GENERIC_CONFIG)
+        assert not violations(v.problem, v.config), v.name
+        out.append(v)
+    return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import SIZE_RESTRICTIONS, Variant
+from dwgen.space import Variant
 
 JOB_TIMEOUT_S = 180.0
 
@@ -33,6 +33,7 @@ class _Bench:
         from dwgen import bench, check
 
         torch.cuda.init()
+        self.sm_count = torch.cuda.get_device_properties(0).multi_processor_count
         self.problem = problem
         self.refs = check.ReferenceCache()
         self.timer = bench.Timer(flush=bench.needs_flush(problem))
@@ -46,8 +47,8 @@ class _Bench:
 
         def prepare(q: Problem, x, w, b, y):
             args = [ptr(x), ptr(w), ptr(b), ptr(y), i32(q.rows), i32(q.channels), i32(q.length),
-                    i32(q.out_length), i32(v.tiles(q.out_length))]
-            return kernel.prepare(v.grid(q), v.config.threads, args)
+                    i32(q.out_length), i32(q.padding), i32(v.tiles(q.out_length))]
+            return kernel.prepare(v.grid(q, self.sm_count), v.config.threads, args)
 
         return prepare
 
@@ -73,10 +74,7 @@ class _Bench:
         def run(q, x, w, b, y):
             prepare(q, x, w, b, y)()
 
-        problems = [self.problem] + [
-            q for q in check.edge_problems(self.problem, v.tile_outputs, v.config.vec)
-            if all(r(q, v.config) for r in SIZE_RESTRICTIONS)
-        ]
+        problems = [self.problem] + check.edge_problems(self.problem, v.tile_outputs, v.config.vec)
         worst = 0.0
         for q in problems:
             outcome = check.check(q, run, cache=self.refs)

@@ -31,14 +31,17 @@ def load_module(path, name):
 
 def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
     w = winner(Problem(32, 512, 8192), Config(threads=256, vec=4, outs=1, halo="l1", stream=True))
-    m = freeze.freeze([w], tmp_path)
+    m = freeze.freeze([w], tmp_path, log=lambda s: None)
     (e,) = m["entries"]
     assert e["problem"] == w.variant.problem.to_dict()
-    assert e["variant"]["name"] == w.variant.name and e["variant"]["digest"] == w.variant.digest
+    assert e["kernel"] == w.variant.name and e["digest"] == w.variant.digest
     assert e["measured"]["kernel_ms"] == 0.27 and e["measured"]["x_copy"] == pytest.approx(0.27 / 0.26)
     assert e["machine"]["gpu"] == "NVIDIA H200"
-    assert (tmp_path / e["file"]).read_text() == render.render_variant(w.variant)
-    assert (tmp_path / m["generic"]["file"]).read_text() == render.render_any()
+    kernels = {k["name"]: k for k in m["kernels"]}
+    assert (tmp_path / kernels[w.variant.name]["file"]).read_text() == render.render_variant(w.variant)
+    assert (tmp_path / m["generic"]["scalar"]["file"]).read_text() == render.render_any()
+    assert [int(k) for k in m["generic"]["fast"]] == list(range(1, 10))
+    assert all(name in kernels for name in m["generic"]["fast"].values())
     assert json.loads((tmp_path / "manifest.json").read_text()) == m
     assert freeze.stale_entries(tmp_path) == []
     mod = load_module(tmp_path, "frozen_a")
@@ -54,8 +57,9 @@ def test_freeze_merges_and_sorts_by_problem(tmp_path):
     a2 = winner(Problem(32, 512, 8192), Config(threads=512), ms=0.25)
     m = freeze.freeze([a2], tmp_path)
     assert len(m["entries"]) == 2
-    assert {e["variant"]["name"] for e in m["entries"]} == {a2.variant.name, b.variant.name}
+    assert {e["kernel"] for e in m["entries"]} == {a2.variant.name, b.variant.name}
     assert not (tmp_path / f"kernels/{a.variant.name}-{a.variant.digest[:12]}.cu").exists()  # collected
+    assert [k["name"] for k in m["kernels"]] == sorted(k["name"] for k in m["kernels"])
 
 
 def test_crash_mid_freeze_leaves_previous_module_intact(tmp_path, monkeypatch):
@@ -74,7 +78,7 @@ def test_crash_mid_freeze_leaves_previous_module_intact(tmp_path, monkeypatch):
     for rel, data in before.items():
         assert (tmp_path / rel).read_bytes() == data, rel
     m = json.loads((tmp_path / "manifest.json").read_text())
-    for f in [e["file"] for e in m["entries"]] + [m["generic"]["file"], m["launcher"]]:
+    for f in freeze._source_files(m):
         assert (tmp_path / f).exists()
     assert not list(tmp_path.rglob(".*.tmp*")) and not [p for p in tmp_path.rglob(".manifest.json.*")]
 
@@ -94,3 +98,8 @@ def test_stale_entry_detected_when_template_changes(tmp_path, monkeypatch):
     real = space.template_text
     monkeypatch.setattr(space, "template_text", lambda n: real(n) + "// edited\n")
     assert "32x512x8192_k3_s1_p1_d1_fp32_nobias" in freeze.stale_entries(tmp_path)
+    # and a later freeze drops the entry whose numbers no longer describe its code
+    dropped = []
+    m = freeze.freeze([winner(Problem(1, 768, 512), Config(threads=128))], tmp_path, log=dropped.append)
+    assert [e["key"] for e in m["entries"]] == [Problem(1, 768, 512).key]
+    assert dropped and "re-tune" in dropped[0]

@@ -25,15 +25,15 @@ def test_every_structure_renders(halo, walk):
     p = Problem(2, 4, 4096, 5, 1, 2, bias=True)
     v = Variant(p, Config(threads=128, vec=4, outs=2, walk=walk, halo=halo, stream=True))
     src = render.render_variant(v)
-    assert f"{v.name}(" in src and "constexpr int K = 5;" in src and "constexpr bool HAS_BIAS = true;" in src
+    assert f"{v.name}(" in src and "constexpr int K = 5;" in src and "constexpr int TILE_V = 256;" in src
     assert ("__shared__" in src) == (halo == "smem")
     assert ("__shfl_down_sync" in src) == (halo == "shfl")
 
 
 def test_invalid_variant_never_renders():
-    p = Problem(1, 4, 1001, 3, 2, 1)  # odd length: no vector width above 1
-    with pytest.raises(render.RenderError, match="vec_divides_lengths"):
-        render.render_variant(Variant(p, Config(vec=4)))
+    p = Problem(1, 4, 1001, 3, 2, 1)  # stride 2: no warp shuffles
+    with pytest.raises(render.RenderError, match="shfl_needs_unit_stride"):
+        render.render_variant(Variant(p, Config(vec=4, halo="shfl")))
 
 
 @pytest.mark.parametrize("bad", [True, "3", 3.0, 2**40])

@@ -7,17 +7,20 @@ import pytest
 from dwgen.problem import Problem
 from dwgen.space import (
     AXES,
+    GENERIC_CONFIG,
     KNOWN_GOOD,
     RESTRICTIONS,
     Config,
     Variant,
     enumerate_space,
+    generic_variants,
     known_good,
     violations,
 )
 
 PROBLEMS = [
     Problem(32, 512, 8192, 3, 1, 1),
+    Problem(8, 4096, 2048, 4, 1, 3),
     Problem(4, 2048, 8192, 3, 2, 1),
     Problem(32, 512, 1024, 31, 1, 15),
     Problem(1, 768, 510, 3, 1, 1, bias=True),
@@ -25,18 +28,19 @@ PROBLEMS = [
 ]
 
 
-def brute_force_ok(p: Problem, threads, vec, outs, walk, halo, stream) -> bool:
+def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream) -> bool:
     """The restrictions restated from first principles, independent of dwgen.space."""
-    tile = threads * vec * outs
-    r = (-p.padding) % vec
-    nv = (r + (vec - 1) * p.stride + (p.kernel_size - 1) * p.dilation) // vec + 1
-    smem = ((tile // vec - 1) * p.stride + nv) * vec * 4 if halo == "smem" else 0
+    tile = threads * vec * outs * run
+    # the widest window: first input 3 elements into a float4, RUN*V outputs, K taps
+    span = (vec - 1) + (run * vec - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
+    nv = -(-span // vec)
+    stage = -(-((tile - 1) * p.stride + (vec - 1) + (p.kernel_size - 1) * p.dilation + 1) // vec)
+    smem = stage * vec * 4 if halo == "smem" else 0
     return (
-        p.length % vec == 0 and p.out_length % vec == 0
-        and (halo != "shfl" or (p.stride == 1 and nv <= 16))
+        (halo != "shfl" or (p.stride == 1 and run == 1 and nv <= 16))
         and nv * vec <= 64
         and smem <= 48 * 1024
-        and (tile <= max(p.out_length, 32 * vec) or (threads == 64 and outs == 1))
+        and (tile <= max(p.out_length, 32 * vec) or (threads == 64 and outs == 1 and run == 1))
         and (walk != "row" or p.out_length > tile)
     )
 
@@ -54,10 +58,10 @@ def test_enumeration_matches_brute_force(p):
 def test_golden_name():
     v = Variant(Problem.from_shape("32x512x8192"),
                 Config(threads=256, vec=4, outs=2, walk="tile", halo="shfl", stream=True))
-    assert v.name == "dw1d_f32_k3_p1_t256_v4_o2_shfl_cs"
+    assert v.name == "dw1d_f32_k3_t256_v4_o2_shfl_cs"
     v2 = Variant(Problem(4, 2048, 8192, 3, 2, 1, 2, bias=True),
-                 Config(threads=128, vec=2, outs=1, walk="row", halo="smem", stream=False))
-    assert v2.name == "dw1d_f32_k3_s2_p1_d2_bias_t128_v2_o1_row_smem"
+                 Config(threads=128, vec=2, outs=1, run=2, walk="persistent", halo="smem", stream=False))
+    assert v2.name == "dw1d_f32_k3_s2_d2_t128_v2_o1_r2_pers_smem"
 
 
 def test_names_and_digests_unique_and_stable():
@@ -69,12 +73,14 @@ def test_names_and_digests_unique_and_stable():
     assert [v.digest for v in again] == [v.digest for v in vs[:20]]
 
 
-def test_digest_ignores_sizes_but_not_signature():
+def test_digest_ignores_runtime_arguments_but_not_signature():
     c = Config()
     a = Variant(Problem(32, 512, 8192), c)
-    assert a.digest == Variant(Problem(1, 7, 64), c).digest  # sizes are run-time arguments
-    assert a.digest != Variant(Problem(32, 512, 8192, padding=2), c).digest
-    assert a.digest != Variant(Problem(32, 512, 8192, bias=True), c).digest
+    # sizes, padding and bias are run-time arguments of the kernel
+    assert a.digest == Variant(Problem(1, 7, 64, padding=2, bias=True), c).digest
+    assert a.digest != Variant(Problem(32, 512, 8192, kernel_size=5), c).digest
+    assert a.digest != Variant(Problem(32, 512, 8192, stride=2), c).digest
+    assert a.digest != Variant(Problem(32, 512, 8192, dilation=2), c).digest
 
 
 def test_digest_follows_template_text(monkeypatch):
@@ -88,24 +94,53 @@ def test_digest_follows_template_text(monkeypatch):
 
 
 @pytest.mark.parametrize("p", PROBLEMS, ids=lambda p: p.key)
-def test_window_indexing_reads_the_right_inputs(p):
-    """Replay the kernel's index arithmetic: window element R + v*S + k*D is input (j0+v)*S - P + k*D."""
-    for v in enumerate_space(p)[::7]:
-        V, S, D = v.config.vec, p.stride, p.dilation
-        assert v.window_offset + (V - 1) * S + (p.kernel_size - 1) * D < v.window_vectors * V
-        for j0 in range(0, 4 * V, V):
-            start = (j0 // V * S + v.lead) * V
-            for lane in range(V):
-                for k in range(p.kernel_size):
-                    assert start + v.window_offset + lane * S + k * D == (j0 + lane) * S - p.padding + k * D
+def test_window_covers_every_tap(p):
+    """Replay the kernel's index arithmetic for each offset R of a group's first input in its vector:
+    window element R + (s*V + v)*S + k*D must lie inside the window and be input (j0 + s*V + v)*S - P + k*D."""
+    for var in enumerate_space(p)[::11]:
+        V, S, D, run = var.config.vec, p.stride, p.dilation, var.config.run
+        for r in range(V):
+            nv = var.window_vectors(r)
+            for j0 in (0, 5, 17):
+                a0 = j0 * S - p.padding - r  # aligned start of the window when the first input sits r in
+                for s in range(run):
+                    for v in range(V):
+                        for k in range(p.kernel_size):
+                            idx = r + (s * V + v) * S + k * D
+                            assert idx < nv * V
+                            assert a0 + idx == (j0 + s * V + v) * S - p.padding + k * D
+        assert var.max_window_vectors == max(var.window_vectors(r) for r in range(V))
+
+
+def test_smem_stage_covers_every_group():
+    for p in PROBLEMS:
+        for var in [v for v in enumerate_space(p) if v.config.halo == "smem"][::9]:
+            groups = var.config.threads * var.config.outs
+            last = (groups - 1) * var.config.run * p.stride + var.max_window_vectors
+            assert last <= var.smem_vectors
+
+
+def test_tiles_and_grid():
+    p = Problem(4, 8, 1000)
+    v = Variant(p, Config(threads=64, vec=4, outs=1))  # 256 outputs a tile, 250 aligned vectors a row
+    assert v.tiles(1000) == 4 and v.tiles(3) == 1
+    assert v.grid(p, 132) == 32 * 4
+    assert Variant(p, Config(threads=64, vec=4, walk="row")).grid(p, 132) == 32
+    assert Variant(p, Config(threads=64, vec=4, walk="persistent")).grid(p, 1) == 32
 
 
 def test_violations_name_the_failed_restrictions():
     p = Problem(1, 4, 1001, 3, 2, 1)
-    bad = violations(p, Config(vec=4, halo="shfl"))
-    assert "vec_divides_lengths" in bad and "shfl_needs_unit_stride" in bad
+    bad = violations(p, Config(vec=4, run=2, halo="shfl"))
+    assert "shfl_needs_unit_stride" in bad and "shfl_needs_single_runs" in bad
     assert set(bad) <= {r.__name__ for r in RESTRICTIONS}
-    assert violations(p, Config(vec=1, outs=1, threads=64)) == []
+    assert violations(p, Config(vec=4, outs=1, threads=64)) == []  # odd lengths take vectors too
+
+
+def test_generic_variants_cover_small_k():
+    vs = generic_variants()
+    assert [v.problem.kernel_size for v in vs] == list(range(1, 10))
+    assert all(v.config == GENERIC_CONFIG and v.problem.stride == 1 and v.problem.dilation == 1 for v in vs)
 
 
 def test_config_refuses_values_off_the_axes():

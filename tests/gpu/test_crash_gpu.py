@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 P = Problem(4, 64, 4096)
 CRASHING = ('extern "C" __global__ void {name}(const float* x, const float* w, const float* b, float* y, '
-            'int rows, int C, int L, int Lout, int tiles) {{ y[(long long)blockIdx.x * 400000000LL] = 1.0f; }}')
+            'int rows, int C, int L, int Lout, int P, int tiles) {{ y[(long long)blockIdx.x * 400000000LL] = 1.0f; }}')
 
 
 def test_search_survives_a_crashing_variant(tmp_path):
