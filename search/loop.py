@@ -132,11 +132,17 @@ def finalists(known: dict[str, tuple[Variant, Result]], n: int = FINALISTS) -> l
 
 
 def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: Evaluator,
-           rounds: int = RETIME_ROUNDS) -> tuple[Variant, Result, dict[str, float]] | None:
-    """Re-time the best few interleaved with copy_ and PyTorch, and declare the winner on those times."""
+           rounds: int = RETIME_ROUNDS, extra: list[Variant] = ()) -> tuple[Variant, Result, dict[str, float]] | None:
+    """Re-time the best few interleaved with copy_ and PyTorch, and declare the winner on those times.
+
+    `extra` variants (the one frozen before, say) are re-timed alongside for comparison when they
+    passed the check in this study; they can win like any finalist.
+    """
     top = finalists(known)
     if not top:
         return None
+    names = {v.name for v, _ in top}
+    top += [known[v.digest] for v in extra if v.digest in known and known[v.digest][1].ok and v.name not in names]
     builds = build([v for v, _ in top])  # cached: costs nothing unless resumed on another machine
     cands = [Candidate(v, b.cubin) for (v, _), b in zip(top, builds, strict=True) if b.ok]
     times = evaluator.retime(cands, rounds)

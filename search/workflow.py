@@ -1,4 +1,4 @@
-"""Wiring of one tuning run: study, builds, GPU worker, search, decision, freeze, report."""
+"""Wiring of a tuning run: per problem a study, builds, a GPU worker, search and decision; then one freeze."""
 from __future__ import annotations
 
 import time
@@ -34,20 +34,23 @@ def make_builder(cache_dir: Path, arch: str, jobs: int | None):
     return build
 
 
-def tune(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int, storage: str | None,
-         runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print) -> int:
+def frozen_variant(problem: Problem, out_dir: Path) -> Variant | None:
+    """The variant generated/ holds for this problem, if its code still matches the templates."""
+    m = frz.read_manifest(out_dir)
+    for e in m.get("entries", []) if m.get("schema") == frz.SCHEMA else []:
+        if e["key"] == problem.key and frz.entry_variant(e).digest == e["digest"]:
+            return frz.entry_variant(e)
+    return None
+
+
+def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
+                 storage: str | None, build, frozen: Variant | None, log=print) -> frz.Winner | None:
+    """Search one problem and decide its winner; None when no variant was correct."""
     from dwgen.worker import GpuWorker
 
     t_start = time.perf_counter()
-    arch = gpu_arch()
-    try:
-        builder.nvcc_version()
-    except builder.ToolchainError as e:
-        raise UserError(str(e)) from e
-    storage = storage or st.default_storage(runs_dir)
     study = st.open_study(problem, storage, sampler, seed)
-    log(f"tuning {problem.key} on {arch}: study {study.study_name} in {storage}")
-    build = make_builder(runs_dir / "build", arch, jobs)
+    log(f"== {problem.key}: study {study.study_name}")
     worker = GpuWorker(problem)
     try:
         machine = worker.machine()
@@ -55,24 +58,52 @@ def tune(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str
         log(f"{machine['gpu']}: copy_ of the same bytes {base['copy_ms']:.4f} ms, "
             f"PyTorch eager {base['torch_ms']:.4f} ms ({base['copy_ms'] / base['torch_ms'] * 100:.0f}% of copy speed)")
         known, stats = loop.search(problem, study, build, worker, trials=trials, timeout_s=timeout_s, log=log)
-        decided = loop.decide(known, build, worker)
+        decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [])
     finally:
         worker.close()
-    wall = time.perf_counter() - t_start
     log(f"variants: {stats.asked} asked, {stats.skipped} skipped by restrictions, {stats.duplicates} duplicates, "
         f"{stats.built} built ({stats.build_failed} failed), {stats.correct} correct and timed; "
         f"failures {stats.failures or 'none'}")
     log(f"compile wall {stats.compile_wall_s:.1f} s, check+time wall {stats.evaluate_wall_s:.1f} s, "
-        f"worker restarts {worker.restarts}")
+        f"worker restarts {worker.restarts}, problem wall {time.perf_counter() - t_start:.1f} s")
     if decided is None:
-        log("no correct variant found; generated/ left as it was")
-        return 1
+        log(f"no correct variant found for {problem.key}")
+        return None
     v, r, times = decided
     log("re-timed finalists, interleaved (ms): " + ", ".join(f"{k} {t:.4f}" for k, t in times.items()))
+    if frozen is not None and frozen.name in times:
+        gap = times[frozen.name] / r.kernel_ms - 1
+        log(f"frozen {frozen.name}: {times[frozen.name]:.4f} ms, {gap * 100:+.1f}% against this search's best")
     log(f"winner {v.name}: {r.kernel_ms:.4f} ms, {r.x_copy:.3f}x copy ({r.copy_ms:.4f} ms), "
         f"{r.speedup:.2f}x faster than PyTorch ({r.torch_ms:.4f} ms)")
-    if freeze:
-        frz.freeze([frz.Winner(v, r, machine)], out_dir)
-        log(f"froze {v.name} for {problem.key} into {out_dir}")
-    log(f"search wall {wall:.1f} s")
-    return 0
+    return frz.Winner(v, r, machine)
+
+
+def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampler: str, seed: int,
+         storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print) -> int:
+    arch = gpu_arch()
+    try:
+        builder.nvcc_version()
+    except builder.ToolchainError as e:
+        raise UserError(str(e)) from e
+    if storage is None:
+        storage = st.default_storage(runs_dir)
+    elif storage == "memory":
+        storage = None
+    log(f"tuning {len(problems)} problem(s) on {arch}; storage {storage or 'in memory'}")
+    build = make_builder(runs_dir / "build", arch, jobs)
+    winners: list[frz.Winner] = []
+    for p in problems:
+        w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=storage,
+                         build=build, frozen=frozen_variant(p, out_dir), log=log)
+        if w is not None:
+            winners.append(w)
+    log("")
+    log(f"{'problem':44s} {'winner':40s} {'ms':>9s} {'x copy':>7s} {'vs torch':>8s}")
+    for w in winners:
+        r = w.result
+        log(f"{w.variant.problem.key:44s} {w.variant.name:40s} {r.kernel_ms:9.4f} {r.x_copy:7.3f} {r.speedup:7.2f}x")
+    if freeze and winners:
+        frz.freeze(winners, out_dir, log=log)
+        log(f"froze {len(winners)} winner(s) into {out_dir}")
+    return 0 if len(winners) == len(problems) else 1
