@@ -1,0 +1,54 @@
+"""tune.py's command line: one clear line for every mistake, suites parsed with the same flags."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, has_gpu
+from tune import main, read_suite
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(ROOT / "tune.py"), *args], capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--shape", "32x512"], "malformed shape"),
+    (["--shape", "0x512x8192"], "batch must be a positive integer"),
+    (["--shape", "2x2x2", "--kernel-size", "5", "--padding", "0"], "no output"),
+    (["--shape", "2x2x64", "--dtype", "bf16"], "not supported yet"),
+    ([], "give either --shape"),
+])
+def test_bad_problems_refused_in_one_line(args, msg, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.skipif(has_gpu(), reason="checks the no-GPU message")
+def test_without_gpu_one_line_and_nonzero(tmp_path):
+    out = run("--shape", "2x4x64", "--runs-dir", str(tmp_path))
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "tune.py: no CUDA GPU found: tuning needs one (`--dry-run` compiles the space without a GPU)"]
+    assert not (tmp_path / "dwgen.db").exists()
+
+
+def test_suite_files_parse(tmp_path):
+    problems = read_suite(ROOT / "benchmarks" / "suite.txt")
+    assert len(problems) == 7 and problems[0].key == "32x512x8192_k3_s1_p1_d1_fp32_nobias"
+    assert problems[5].stride == 2
+    bad = tmp_path / "bad.txt"
+    bad.write_text("--shape 2x2x64\n--shape 2x2 # broken\n")
+    with pytest.raises(Exception, match=r"bad.txt:2: malformed shape"):
+        read_suite(bad)
+
+
+@pytest.mark.nvcc
+def test_dry_run_compiles_a_small_space(tmp_path):
+    # K31 on a short row leaves a small space; the whole of it compiles without a GPU
+    out = run("--shape", "1x1x128", "--kernel-size", "31", "--dry-run", "--runs-dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "built" in out.stdout and "FAILED" not in out.stdout
