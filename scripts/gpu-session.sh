@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# One GPU-host session: install the carried wheels, tune the target cold, run the GPU tests, and pack
-# generated/ and the logs under $OUT. Run through the device tool with `.whl` carried (see README).
+# GPU-host steps, run through the device tool with `.whl` carried (README). Steps, in the order given:
+#   smoke   GPU variant checks only (fast; stops the session early when a kernel is wrong)
+#   tune    cold tune of the target shape (the README's command)
+#   tunecheck  the same, without touching generated/
+#   suite   cold tune of benchmarks/suite.txt, frozen together
+#   bench   python -m dwgen.bench (results into benchmarks/)
+#   exhaustive  every variant of the target's space, compared with the frozen winner (no freeze)
+#   tests   the whole test suite, GPU tests included
+#   gputests  only the GPU tests and the frozen-module tests
+# Logs and generated/ + benchmarks/ come back under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -8,11 +16,21 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
 fi
-rm -rf runs  # cold: no study, no build cache
-start=$(date +%s)
-python3 tune.py --shape 32x512x8192 "$@" 2>&1 | tee "$OUT/tune.log"
-echo "tune wall: $(( $(date +%s) - start )) s" | tee -a "$OUT/tune.log"
-python3 -m pytest -q tests 2>&1 | tee "$OUT/pytest.log" | tail -25
-tar czf "$OUT/generated.tgz" generated
-grep -E "^(winner|variants|compile wall|search wall|re-timed|NVIDIA)" "$OUT/tune.log"
-tail -1 "$OUT/pytest.log"
+timed() { local name=$1; shift; local t0; t0=$(date +%s); "$@" 2>&1 | tee "$OUT/$name.log"; local rc=${PIPESTATUS[0]}
+  echo "$name: rc $rc, $(( $(date +%s) - t0 )) s wall" | tee -a "$OUT/summary.log"; return "$rc"; }
+for step in "$@"; do
+  case $step in
+    smoke) timed smoke python3 -m pytest -q -x tests/gpu/test_variants_gpu.py || exit 1 ;;
+    tune) rm -rf runs; timed tune python3 tune.py --shape 32x512x8192 ;;
+    tunecheck) rm -rf runs; timed tunecheck python3 tune.py --shape 32x512x8192 --no-freeze ;;
+    suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} ;;
+    bench) timed bench python3 -m dwgen.bench ;;
+    exhaustive) timed exhaustive python3 tune.py --shape 32x512x8192 --sampler grid --trials 100000 \
+                  --storage memory --no-freeze ;;
+    tests) timed tests python3 -m pytest -q tests ;;
+    gputests) timed gputests python3 -m pytest -q tests/gpu tests/test_generated.py ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+  tar czf "$OUT/results.tgz" generated benchmarks  # after every step: a later time-out loses only that step
+done
+cat "$OUT/summary.log"

@@ -1,0 +1,100 @@
+"""Timing: CUDA events, warm-up, L2 flush, medians, and the copy and PyTorch baselines of the same run."""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dwgen.problem import Problem
+
+MIN_REPS = 20
+MAX_REPS = 2000
+TARGET_MS = 50.0  # measure for about this long: more repetitions for short kernels (finalists are re-timed)
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the H200's 60 MB L2
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    min_ms: float
+    reps: int
+
+    def to_dict(self) -> dict:
+        return {"median_ms": self.median_ms, "min_ms": self.min_ms, "reps": self.reps}
+
+
+class Timer:
+    """Times callables on the current CUDA device; flushes L2 before each rep when the data would fit."""
+
+    def __init__(self, flush: bool):
+        import torch
+
+        self.flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
+
+    def _once(self, fn: Callable[[], None]):
+        import torch
+
+        if self.flush_buf is not None:
+            self.flush_buf.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        return start, end
+
+    def time(self, fn: Callable[[], None], reps: int | None = None, warmup: int = 3) -> Timing:
+        import torch
+
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        if reps is None:
+            probe = [self._once(fn) for _ in range(3)]
+            torch.cuda.synchronize()
+            est = max(min(s.elapsed_time(e) for s, e in probe), 1e-3)
+            reps = int(min(MAX_REPS, max(MIN_REPS, TARGET_MS / est)))
+        events = [self._once(fn) for _ in range(reps)]
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) for s, e in events]
+        return Timing(statistics.median(times), min(times), reps)
+
+    def time_interleaved(self, fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, Timing]:
+        """Time several callables round-robin so that drift in clocks or neighbours hits all alike."""
+        import torch
+
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+        samples: dict[str, list] = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                samples[k].append(self._once(fn))
+        torch.cuda.synchronize()
+        out = {}
+        for k, evs in samples.items():
+            times = [s.elapsed_time(e) for s, e in evs]
+            out[k] = Timing(statistics.median(times), min(times), len(times))
+        return out
+
+
+def needs_flush(p: Problem) -> bool:
+    import torch
+
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * 1024 * 1024)
+    return p.min_bytes < 4 * l2
+
+
+def copy_operands(p: Problem):
+    """A copy_ moving the bytes the op must move: (input + output elements) / 2 read and written."""
+    import torch
+
+    n = (p.rows * (p.length + p.out_length)) // 2
+    src = torch.randn(n, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def torch_operands(p: Problem, x, w, b):
+    import torch.nn.functional as F
+
+    return lambda: F.conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.channels)

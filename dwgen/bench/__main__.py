@@ -1,0 +1,152 @@
+"""python -m dwgen.bench: dwgen's frozen kernels side by side with what users would run instead.
+
+For each problem of the suites, in one process on the GPU: copy_ of the bytes the op must move, PyTorch
+eager, torch.compile, a simple Triton kernel, a naive CUDA kernel and generated.depthwise_conv1d; each
+checked against the float64 reference, then all timed interleaved. Writes results.json and results.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dwgen import bench, check
+from dwgen.bench.contenders import CONTENDERS
+from dwgen.problem import Problem
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUND_BUDGET_MS = 300.0
+
+
+def read_problems(path: Path) -> list[Problem]:
+    sys.path.insert(0, str(ROOT))
+    from tune import read_suite  # one parser for suite files
+
+    return read_suite(path)
+
+
+def measure(p: Problem, names: list[str], log) -> list[dict]:
+    import torch
+
+    x, w, b = check.make_inputs(p, 0)
+    ref, scale = check.reference(p, x, w, b)
+    fns = {"copy_": bench.copy_operands(p)}
+    rows: dict[str, dict] = {}
+    for name in names:
+        row = {"implementation": name, "correct": False, "ms": None, "error": ""}
+        try:
+            fn = CONTENDERS[name](p, x, w, b)
+            out = fn()
+            torch.cuda.synchronize()
+            outcome = check.compare(p, out, ref, scale)
+            row["correct"] = outcome.ok
+            row["error"] = outcome.message
+            row["max_rel_error"] = outcome.max_rel_error
+            fns[name] = fn
+        except Exception as e:  # a contender that cannot run this problem is reported, not fatal
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if name == "dwgen":
+            import generated
+
+            row["kernel"] = generated.kernel_for(x, w, b, p.stride, p.padding, p.dilation)
+        rows[name] = row
+    timer = bench.Timer(flush=bench.needs_flush(p))
+    est = sum(timer.time(fn, reps=5, warmup=2).median_ms for fn in fns.values())
+    rounds = int(min(500, max(30, ROUND_BUDGET_MS / max(est, 1e-3))))
+    times = timer.time_interleaved(fns, rounds)
+    copy_ms = times["copy_"].median_ms
+    torch_ms = times["pytorch"].median_ms if "pytorch" in times else None
+    out = [{"implementation": "copy_", "ms": copy_ms, "x_copy": 1.0, "correct": True, "rounds": rounds}]
+    for name, row in rows.items():
+        if name in times:
+            ms = times[name].median_ms
+            row.update(ms=ms, x_copy=ms / copy_ms, speedup_vs_torch=torch_ms / ms if torch_ms else None,
+                       rounds=rounds)
+        out.append(row)
+    base = {"problem": p.key, "shape": f"{p.batch}x{p.channels}x{p.length}", "kernel_size": p.kernel_size,
+            "stride": p.stride, "padding": p.padding, "dilation": p.dilation, "bias": p.bias, "dtype": p.dtype}
+    del x, ref, scale
+    return [{**base, **r} for r in out]
+
+
+def cell(r: dict) -> str:
+    if r.get("ms") is None:
+        return "n/a"
+    flag = "" if r["correct"] else " WRONG"
+    return f"{r['ms']:.4f} ({r['x_copy']:.2f}x){flag}"
+
+
+def problem_label(r: dict) -> str:
+    s = f"{r['shape']} K{r['kernel_size']} P{r['padding']}"
+    if r["stride"] != 1:
+        s += f" S{r['stride']}"
+    if r["dilation"] != 1:
+        s += f" D{r['dilation']}"
+    if r["bias"]:
+        s += " bias"
+    return s
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    lines = [f"Measured on {m['gpu']} (driver {m['driver']}, torch {m['torch']}, CUDA {m['cuda']}), {m['date']}, "
+             "by `python -m dwgen.bench`. Each cell: median ms (x copy_ of the same bytes, timed interleaved in "
+             "the same process); last column: PyTorch eager's time over dwgen's.", ""]
+    names = ["copy_"] + list(CONTENDERS)
+    for suite, rows in results["suites"].items():
+        lines += [f"**{suite}**", "",
+                  "| problem | " + " | ".join(names) + " | dwgen kernel | dwgen vs PyTorch |",
+                  "|---" * (len(names) + 3) + "|"]
+        by_problem: dict[str, dict] = {}
+        for r in rows:
+            by_problem.setdefault(r["problem"], {})[r["implementation"]] = r
+        for impls in by_problem.values():
+            first = next(iter(impls.values()))
+            dw = impls.get("dwgen", {})
+            sp = dw.get("speedup_vs_torch")
+            lines.append(f"| {problem_label(first)} | " + " | ".join(cell(impls[n]) if n in impls else "n/a"
+                                                                     for n in names)
+                         + f" | `{dw.get('kernel', '')}` | {f'{sp:.2f}x' if sp else 'n/a'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dwgen.bench", description=__doc__)
+    ap.add_argument("--suite", type=Path, action="append",
+                    help="suite file(s); default: benchmarks/suite.txt and benchmarks/untuned.txt")
+    ap.add_argument("--only", default=None, help="comma-separated contenders (default: all)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks", help="where results.json/.md go")
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("python -m dwgen.bench: no CUDA GPU found; the benchmark runs on the GPU host", file=sys.stderr)
+        return 1
+    from dwgen.worker import machine_info
+
+    suites = a.suite or [ROOT / "benchmarks" / "suite.txt", ROOT / "benchmarks" / "untuned.txt"]
+    names = a.only.split(",") if a.only else list(CONTENDERS)
+    unknown = set(names) - set(CONTENDERS)
+    if unknown:
+        print(f"python -m dwgen.bench: unknown contender(s) {sorted(unknown)}; choose from {list(CONTENDERS)}",
+              file=sys.stderr)
+        return 2
+    results = {"machine": machine_info(), "suites": {}}
+    for path in suites:
+        rows = []
+        for p in read_problems(path):
+            print(f"{p.key} ...", flush=True)
+            rows += measure(p, names, print)
+        results["suites"][path.stem] = rows
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    md = markdown(results)
+    (a.out / "results.md").write_text(md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
