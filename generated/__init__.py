@@ -16,11 +16,17 @@ import torch
 _HERE = Path(__file__).resolve().parent
 MANIFEST: dict = json.loads((_HERE / "manifest.json").read_text()) if (_HERE / "manifest.json").exists() else {}
 _KEY_FIELDS = ("batch", "channels", "length", "kernel_size", "stride", "padding", "dilation", "dtype", "bias")
-_TABLE = {tuple(e["problem"][f] for f in _KEY_FIELDS): i for i, e in enumerate(MANIFEST.get("entries", []))}
+_KERNELS = {k["name"]: (i, k) for i, k in enumerate(MANIFEST.get("kernels", []))}
+# Tuned problems first: an exact match runs the kernel tuned for it.
+_TUNED = {tuple(e["problem"][f] for f in _KEY_FIELDS): e["kernel"] for e in MANIFEST.get("entries", [])}
+# Then the fast generic kernels, one per K, for stride 1 and dilation 1 (padding and bias are run-time).
+_FAST = {int(k): name for k, name in MANIFEST.get("generic", {}).get("fast", {}).items()}
+_INT32_LIMIT = 2**31
 
 _DECLS = """
 #include <torch/extension.h>
-void launch_tuned(int64_t which, torch::Tensor x, torch::Tensor w, std::optional<torch::Tensor> b, torch::Tensor y);
+void launch(int64_t which, torch::Tensor x, torch::Tensor w, std::optional<torch::Tensor> b, torch::Tensor y,
+            int64_t padding);
 void launch_any(torch::Tensor x, torch::Tensor w, std::optional<torch::Tensor> b, torch::Tensor y,
                 int64_t K, int64_t S, int64_t P, int64_t D);
 """
@@ -30,7 +36,7 @@ _lock = threading.Lock()
 
 
 def _sources() -> list[str]:
-    files = [e["file"] for e in MANIFEST["entries"]] + [MANIFEST["generic"]["file"], MANIFEST["launcher"]]
+    files = [k["file"] for k in MANIFEST["kernels"]] + [MANIFEST["generic"]["scalar"]["file"], MANIFEST["launcher"]]
     return [(_HERE / f).read_text() for f in files]
 
 
@@ -58,7 +64,7 @@ def build(verbose: bool = False):
                 name=f"dwgen_generated_{digest}",
                 cpp_sources=[_DECLS],
                 cuda_sources=sources,
-                functions=["launch_tuned", "launch_any"],
+                functions=["launch", "launch_any"],
                 extra_cuda_cflags=list(MANIFEST["nvcc_flags"]),
                 build_directory=os.environ.get("DWGEN_BUILD_DIR") or None,
                 verbose=verbose,
@@ -101,21 +107,26 @@ def _validate(x, weight, bias, stride, padding, dilation) -> int:
     return out_length
 
 
-def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1) -> str:
-    """Name of the kernel depthwise_conv1d would run for these arguments."""
-    _validate(x, weight, bias, stride, padding, dilation)
-    i = _tuned_index(x, weight.shape[2], bias is not None, stride, padding, dilation)
-    return MANIFEST["entries"][i]["variant"]["name"] if i is not None else MANIFEST["generic"]["name"]
-
-
-def _tuned_index(x, k, has_bias, stride, padding, dilation) -> int | None:
-    i = _TABLE.get(_problem_key(x, k, stride, padding, dilation, has_bias))
-    if i is None:
+def _choose(x, k: int, has_bias: bool, stride: int, padding: int, dilation: int, out_length: int):
+    """The specialised kernel for this call, or None for the scalar path that handles everything."""
+    name = _TUNED.get(_problem_key(x, k, stride, padding, dilation, has_bias))
+    if name is None and stride == 1 and dilation == 1:
+        name = _FAST.get(k)
+    if name is None or max(x.numel(), x.shape[0] * x.shape[1] * out_length) >= _INT32_LIMIT:
         return None
-    align = MANIFEST["entries"][i]["variant"]["align_bytes"]
+    index, kernel = _KERNELS[name]
     # A contiguous view that starts mid-allocation may break the vector accesses' alignment;
     # a non-contiguous x is copied into a fresh, aligned allocation first.
-    return i if not x.is_contiguous() or x.data_ptr() % align == 0 else None
+    if x.is_contiguous() and x.data_ptr() % kernel["align_bytes"] != 0:
+        return None
+    return index, name
+
+
+def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1) -> str:
+    """Name of the kernel depthwise_conv1d would run for these arguments."""
+    out_length = _validate(x, weight, bias, stride, padding, dilation)
+    chosen = _choose(x, weight.shape[2], bias is not None, stride, padding, dilation, out_length)
+    return chosen[1] if chosen else MANIFEST["generic"]["scalar"]["name"]
 
 
 def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -127,14 +138,14 @@ def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if y.numel() == 0:
         return y
     k = weight.shape[2]
-    i = _tuned_index(x, k, bias is not None, stride, padding, dilation)
+    chosen = _choose(x, k, bias is not None, stride, padding, dilation, out_length)
     x = x.contiguous()
     weight = weight.contiguous()
     bias = bias.contiguous() if bias is not None else None
     ext = build()
     with torch.cuda.device(x.device):
-        if i is not None:
-            ext.launch_tuned(i, x, weight, bias, y)
+        if chosen is not None:
+            ext.launch(chosen[0], x, weight, bias, y, padding)
         else:
             ext.launch_any(x, weight, bias, y, k, stride, padding, dilation)
     return y
