@@ -1,4 +1,8 @@
-"""Compiling: nvcc to cubin in parallel with a content-keyed cache (the only importer of cpp_extension)."""
+"""Compiling: nvcc to cubin in parallel with a content-keyed cache.
+
+The search never builds a torch extension; the frozen module in generated/ runs its own load_inline,
+since it may import nothing but torch.
+"""
 from __future__ import annotations
 
 import functools
@@ -140,16 +144,3 @@ def compile_many(jobs: Iterable[tuple[str, str, str]], cache_dir: Path, arch: st
             if on_done:
                 on_done(b)
     return results
-
-
-def load_inline_module(name: str, cuda_sources: list[str], cpp_source: str, functions: list[str],
-                       build_dir: Path | None = None, verbose: bool = False):
-    """Build a torch extension from sources with load_inline; used to check the frozen module builds."""
-    os.environ.setdefault("CUDA_HOME", cuda_home())
-    from torch.utils.cpp_extension import load_inline  # imported late: it is slow and needs CUDA_HOME
-
-    kwargs = {"build_directory": str(build_dir)} if build_dir else {}
-    if build_dir:
-        Path(build_dir).mkdir(parents=True, exist_ok=True)
-    return load_inline(name=name, cpp_sources=[cpp_source], cuda_sources=cuda_sources, functions=functions,
-                       extra_cuda_cflags=list(NVCC_FLAGS), verbose=verbose, **kwargs)

@@ -97,11 +97,5 @@ class Problem:
             f"_p{self.padding}_d{self.dilation}_{self.dtype}_{'bias' if self.bias else 'nobias'}"
         )
 
-    def with_size(self, batch: int, channels: int, length: int) -> Problem:
-        """The same op (kernel, stride, padding, dilation, dtype, bias) on another tensor size."""
-        d = asdict(self)
-        d.update(batch=batch, channels=channels, length=length)
-        return Problem(**d)
-
     def to_dict(self) -> dict:
         return asdict(self)
