@@ -95,7 +95,7 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
                 st.record(study, trial, known[v.digest][1], duplicate=True)
                 stats.duplicates += 1
             elif v.digest in pending:
-                st.record_skip(study, trial, ["duplicate_in_batch"])
+                st.record_skip(study, trial, ["duplicate_in_batch"], penalize=False)  # valid, maybe fast
                 stats.duplicates += 1
             else:
                 pending[v.digest] = (trial, v)

@@ -71,6 +71,10 @@ def record(study: optuna.Study, trial: optuna.Trial, result: Result, duplicate: 
 SKIP_PENALTY_MS = 1e6
 
 
-def record_skip(study: optuna.Study, trial: optuna.Trial, reasons: list[str]) -> None:
+def record_skip(study: optuna.Study, trial: optuna.Trial, reasons: list[str], penalize: bool = True) -> None:
+    """An invalid combination is penalised; a valid one skipped for another reason is only marked failed."""
     trial.set_user_attr(SKIP_ATTR, reasons)
-    study.tell(trial, SKIP_PENALTY_MS)
+    if penalize:
+        study.tell(trial, SKIP_PENALTY_MS)
+    else:
+        study.tell(trial, state=TrialState.FAIL)

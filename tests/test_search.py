@@ -121,3 +121,15 @@ def test_failures_are_recorded_never_chosen(tmp_path):
     assert all(v.config.halo == "l1" for v, _ in loop.finalists(known))
     failed = [r for _, r in st.measured(study).values() if not r.ok]
     assert failed and all(r.message for r in failed)
+
+
+def test_invalid_is_penalised_but_a_batch_duplicate_is_not(tmp_path):
+    from optuna.trial import TrialState
+
+    _, _, _, _, study = run(tmp_path, trials=30)
+    for t in study.get_trials(deepcopy=False):
+        reasons = t.user_attrs.get(st.SKIP_ATTR)
+        if reasons == ["duplicate_in_batch"]:
+            assert t.state == TrialState.FAIL
+        elif reasons:
+            assert t.state == TrialState.COMPLETE and t.value == st.SKIP_PENALTY_MS
