@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
+from dwgen.suite import read_suite
 from tests.conftest import ROOT, has_gpu
-from tune import main, read_suite
+from tune import main
 
 
 def run(*args):

@@ -14,16 +14,10 @@ from pathlib import Path
 from dwgen import bench, check
 from dwgen.bench.contenders import CONTENDERS
 from dwgen.problem import Problem
+from dwgen.suite import read_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUND_BUDGET_MS = 300.0
-
-
-def read_problems(path: Path) -> list[Problem]:
-    sys.path.insert(0, str(ROOT))
-    from tune import read_suite  # one parser for suite files
-
-    return read_suite(path)
 
 
 def measure(p: Problem, names: list[str], log) -> list[dict]:
@@ -136,7 +130,7 @@ def main(argv: list[str]) -> int:
     results = {"machine": machine_info(), "suites": {}}
     for path in suites:
         rows = []
-        for p in read_problems(path):
+        for p in read_suite(path):
             print(f"{p.key} ...", flush=True)
             rows += measure(p, names, print)
         results["suites"][path.stem] = rows
