@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,16 +131,10 @@ def compile_cubin(name: str, source: str, key: str, cache_dir: Path, arch: str =
 
 
 def compile_many(jobs: Iterable[tuple[str, str, str]], cache_dir: Path, arch: str = DEFAULT_ARCH,
-                 workers: int | None = None, on_done: Callable[[Build], None] | None = None) -> list[Build]:
+                 workers: int | None = None) -> list[Build]:
     """Compile (name, source, key) jobs in parallel; nvcc is a subprocess, so threads suffice."""
     jobs = list(jobs)
     workers = workers or max(1, os.cpu_count() or 1)
-    results: list[Build] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(compile_cubin, n, s, k, cache_dir, arch) for n, s, k in jobs]
-        for f in futures:
-            b = f.result()
-            results.append(b)
-            if on_done:
-                on_done(b)
-    return results
+        return [f.result() for f in futures]
