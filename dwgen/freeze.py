@@ -131,16 +131,8 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print) -> dic
 
     any_file = f"kernels/{render.ANY_NAME}-{render.any_digest()[:12]}.cu"
     sources[any_file] = render.render_any()
-    launch_ctx = {
-        "template": LAUNCH_TEMPLATE,
-        "kernels": [{"index": i, **k} for i, k in enumerate(kernels)],
-        "any_name": render.ANY_NAME,
-        "any_threads": render.ANY_THREADS,
-        "any_max_blocks": ANY_MAX_BLOCKS,
-    }
-    launch_digest = hashlib.sha256(json.dumps(launch_ctx, sort_keys=True).encode()).hexdigest()
-    launch_file = f"launch-{launch_digest[:12]}.cu"
-    sources[launch_file] = render.render_launcher(launch_ctx, launch_digest)
+    launch_file, launcher = _launcher(kernels)
+    sources[launch_file] = launcher
 
     manifest = {
         "schema": SCHEMA,
@@ -166,6 +158,19 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print) -> dic
     return manifest
 
 
+def _launcher(kernels: list[dict]) -> tuple[str, str]:
+    """File name and source of the host launchers for these kernel records (index = position)."""
+    ctx = {
+        "template": LAUNCH_TEMPLATE,
+        "kernels": [{"index": i, **k} for i, k in enumerate(kernels)],
+        "any_name": render.ANY_NAME,
+        "any_threads": render.ANY_THREADS,
+        "any_max_blocks": ANY_MAX_BLOCKS,
+    }
+    digest = hashlib.sha256(json.dumps(ctx, sort_keys=True).encode()).hexdigest()
+    return f"launch-{digest[:12]}.cu", render.render_launcher(ctx, digest)
+
+
 def _source_files(manifest: dict) -> list[str]:
     return [k["file"] for k in manifest["kernels"]] + [manifest["generic"]["scalar"]["file"], manifest["launcher"]]
 
@@ -179,7 +184,8 @@ def _collect_garbage(out_dir: Path, manifest: dict) -> None:
 
 
 def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
-    """What no longer matches the current templates and flags: entry keys, kernel names, 'generic'."""
+    """What no longer matches the current templates, flags and dispatch code: entry keys, kernel names,
+    'generic', 'launcher', 'dispatch'."""
     m = read_manifest(out_dir)
     if not m:
         return []
@@ -195,4 +201,9 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
     fast = {str(v.problem.kernel_size): v.name for v in generic_variants()}
     if m["generic"]["scalar"]["digest"] != render.any_digest() or m["generic"]["fast"] != fast:
         stale.append("generic")
+    launch_file, launcher = _launcher(m["kernels"])
+    if m["launcher"] != launch_file or (out_dir / launch_file).read_text() != launcher:
+        stale.append("launcher")
+    if (out_dir / "__init__.py").read_text() != DISPATCH_SOURCE.read_text():
+        stale.append("dispatch")
     return stale

@@ -103,3 +103,13 @@ def test_stale_entry_detected_when_template_changes(tmp_path, monkeypatch):
     m = freeze.freeze([winner(Problem(1, 768, 512), Config(threads=128))], tmp_path, log=dropped.append)
     assert [e["key"] for e in m["entries"]] == [Problem(1, 768, 512).key]
     assert dropped and "re-tune" in dropped[0]
+
+
+def test_edited_launcher_or_dispatch_is_stale(tmp_path):
+    m = freeze.freeze([winner(Problem(32, 512, 8192), Config())], tmp_path)
+    assert freeze.stale_entries(tmp_path) == []
+    launcher = tmp_path / m["launcher"]
+    launcher.write_text(launcher.read_text() + "// hand edit\n")
+    init = tmp_path / "__init__.py"
+    init.write_text(init.read_text() + "# hand edit\n")
+    assert {"launcher", "dispatch"} <= set(freeze.stale_entries(tmp_path))
