@@ -51,6 +51,13 @@ class Kernel:
                f"finding {name}")
         self.name = name
 
+    def unload(self) -> None:
+        """Free the module now; a search loads thousands and the driver keeps each until told."""
+        if self._module:
+            _check(_driver().cuModuleUnload(self._module), f"unloading {self.name}")
+            self._module = ctypes.c_void_p()
+            self._func = ctypes.c_void_p()
+
     def prepare(self, grid: int, block: int, args: list) -> Launch:
         return Launch(self, grid, block, args)
 

@@ -40,6 +40,7 @@ class _Bench:
         self._baselines: dict | None = None
 
     def launcher(self, cand: Candidate):
+        """(kernel, prepare): prepare(problem, x, w, b, y) marshals one launch; unload the kernel after use."""
         from dwgen.driver import Kernel, i32, ptr
 
         v = cand.variant
@@ -50,7 +51,7 @@ class _Bench:
                     i32(q.out_length), i32(q.padding), i32(v.tiles(q.out_length))]
             return kernel.prepare(v.grid(q, self.sm_count), v.config.threads, args)
 
-        return prepare
+        return kernel, prepare
 
     def baselines(self) -> dict:
         from dwgen import bench
@@ -69,21 +70,25 @@ class _Bench:
         from dwgen import check
 
         v = cand.variant
-        prepare = self.launcher(cand)
+        kernel, prepare = self.launcher(cand)
 
         def run(q, x, w, b, y):
             prepare(q, x, w, b, y)()
 
-        problems = [self.problem] + check.edge_problems(self.problem, v.tile_outputs, v.config.vec)
-        worst = 0.0
-        for q in problems:
-            outcome = check.check(q, run, cache=self.refs)
-            if not outcome.ok:
-                return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
-            worst = max(worst, outcome.max_rel_error)
-        x, w, b, _, _ = self.refs.get(self.problem, 0)
-        y = torch.empty(self.problem.batch, self.problem.channels, self.problem.out_length, device="cuda")
-        t = self.timer.time(prepare(self.problem, x, w, b, y))
+        try:
+            problems = [self.problem] + check.edge_problems(self.problem, v.tile_outputs, v.config.vec)
+            worst = 0.0
+            for q in problems:
+                outcome = check.check(q, run, cache=self.refs)
+                if not outcome.ok:
+                    return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
+                worst = max(worst, outcome.max_rel_error)
+            x, w, b, _, _ = self.refs.get(self.problem, 0)
+            y = torch.empty(self.problem.batch, self.problem.channels, self.problem.out_length, device="cuda")
+            t = self.timer.time(prepare(self.problem, x, w, b, y))
+        finally:
+            torch.cuda.synchronize()  # the module must outlive its last launch
+            kernel.unload()
         return {"status": "ok", "kernel_ms": t.median_ms, "reps": t.reps, "max_rel_error": worst,
                 **self.baselines()}
 
@@ -96,12 +101,19 @@ class _Bench:
         p = self.problem
         x, w, b, _, _ = self.refs.get(p, 0)
         fns = {"copy_": bench.copy_operands(p), "torch": bench.torch_operands(p, x, w, b)}
-        outs = []
-        for c in cands:
-            y = torch.empty(p.batch, p.channels, p.out_length, device="cuda")
-            outs.append(y)
-            fns[c.variant.name] = self.launcher(c)(p, x, w, b, y)
-        timings = self.timer.time_interleaved(fns, rounds)
+        outs, kernels = [], []
+        try:
+            for c in cands:
+                y = torch.empty(p.batch, p.channels, p.out_length, device="cuda")
+                outs.append(y)
+                kernel, prepare = self.launcher(c)
+                kernels.append(kernel)
+                fns[c.variant.name] = prepare(p, x, w, b, y)
+            timings = self.timer.time_interleaved(fns, rounds)
+        finally:
+            torch.cuda.synchronize()
+            for k in kernels:
+                k.unload()
         return {k: t.median_ms for k, t in timings.items()}
 
 
