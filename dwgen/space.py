@@ -152,6 +152,31 @@ class Variant:
         return {"problem": self.problem.to_dict(), "config": self.config.to_dict()}
 
 
+def config_from_name(name: str, problem: Problem) -> Config:
+    """The config of a variant name such as dw1d_f32_k7_t128_v4_o2_row_l1, which must fit `problem`."""
+    tokens = name.split("_")
+    prefix = Variant(problem, Config()).name.split("_t")[0]  # dw1d_f32_k7[_s2][_d2]
+    if not name.startswith(prefix + "_t"):
+        raise ValueError(f"{name} is not a variant of {problem.key} (expected it to start with {prefix}_t)")
+    fields: dict = {"run": 1, "walk": "tile", "stream": False}
+    walks = {"row": "row", "pers": "persistent"}
+    for tok in tokens[len(prefix.split("_")):]:
+        if tok in walks:
+            fields["walk"] = walks[tok]
+        elif tok in HALOS:
+            fields["halo"] = tok
+        elif tok == "cs":
+            fields["stream"] = True
+        elif tok[:1] in "tvor" and tok[1:].isdigit():
+            fields[{"t": "threads", "v": "vec", "o": "outs", "r": "run"}[tok[0]]] = int(tok[1:])
+        else:
+            raise ValueError(f"{name}: unknown token {tok!r}")
+    config = Config(**fields)
+    if Variant(problem, config).name != name:
+        raise ValueError(f"{name} is not a canonical variant name (did you mean {Variant(problem, config).name}?)")
+    return config
+
+
 def signature(p: Problem) -> dict:
     """The compile-time part of a problem: what a kernel is specialised to (sizes, padding, bias stay run-time)."""
     return {"kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation, "dtype": p.dtype}
