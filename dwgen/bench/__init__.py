@@ -77,6 +77,40 @@ class Timer:
         return out
 
 
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """fn captured once in a CUDA graph: a replay runs the same kernels without the host work of a call
+    (argument checks, allocation, dispatch), so short kernels are timed on the GPU, not on Python."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch's graph docs ask
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int = 100) -> float:
+    """Microseconds of CPU time to issue one call; few enough calls that the launch queue never fills."""
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
 def needs_flush(p: Problem) -> bool:
     import torch
 

@@ -2,7 +2,9 @@
 
 For each problem of the suites, in one process on the GPU: copy_ of the bytes the op must move, PyTorch
 eager, torch.compile, a simple Triton kernel, a naive CUDA kernel and generated.depthwise_conv1d; each
-checked against the float64 reference, then all timed interleaved. Writes results.json and results.md.
+checked against the float64 reference, then all timed interleaved. Each is timed as a CUDA-graph replay
+of one call, so that the GPU time of short problems is not hidden behind the host's; the host time of a
+plain call is measured apart and reported beside it. Writes results.json and results.md.
 """
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ def measure(p: Problem, names: list[str], log) -> list[dict]:
 
     x, w, b = check.make_inputs(p, 0)
     ref, scale = check.reference(p, x, w, b)
-    fns = {"copy_": bench.copy_operands(p)}
+    copy = bench.copy_operands(p)
+    copy_host_us = bench.host_us_per_call(copy)
+    fns: dict = {}
+    fns["copy_"], copy_timing = _timed_form(copy)
     rows: dict[str, dict] = {}
     for name in names:
         row = {"implementation": name, "correct": False, "ms": None, "error": ""}
@@ -37,7 +42,8 @@ def measure(p: Problem, names: list[str], log) -> list[dict]:
             row["correct"] = outcome.ok
             row["error"] = outcome.message
             row["max_rel_error"] = outcome.max_rel_error
-            fns[name] = fn
+            row["host_us"] = bench.host_us_per_call(fn)
+            fns[name], row["timing"] = _timed_form(fn)
         except Exception as e:  # a contender that cannot run this problem is reported, not fatal
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if name == "dwgen":
@@ -51,7 +57,8 @@ def measure(p: Problem, names: list[str], log) -> list[dict]:
     times = timer.time_interleaved(fns, rounds)
     copy_ms = times["copy_"].median_ms
     torch_ms = times["pytorch"].median_ms if "pytorch" in times else None
-    out = [{"implementation": "copy_", "ms": copy_ms, "x_copy": 1.0, "correct": True, "rounds": rounds}]
+    out = [{"implementation": "copy_", "ms": copy_ms, "x_copy": 1.0, "correct": True, "rounds": rounds,
+            "host_us": copy_host_us, "timing": copy_timing}]
     for name, row in rows.items():
         if name in times:
             ms = times[name].median_ms
@@ -64,10 +71,23 @@ def measure(p: Problem, names: list[str], log) -> list[dict]:
     return [{**base, **r} for r in out]
 
 
+def _timed_form(fn):
+    """(what to time, how): the call captured in a CUDA graph, or the plain call when it cannot be captured."""
+    try:
+        return bench.graphed(fn), "graph"
+    except Exception:  # e.g. a call that synchronises; its time then includes its host work
+        import torch
+
+        torch.cuda.synchronize()
+        return fn, "eager"
+
+
 def cell(r: dict) -> str:
     if r.get("ms") is None:
         return "n/a"
     flag = "" if r["correct"] else " WRONG"
+    if r.get("timing") == "eager":
+        flag += " †"
     return f"{r['ms']:.4f} ({r['x_copy']:.2f}x){flag}"
 
 
@@ -85,13 +105,15 @@ def problem_label(r: dict) -> str:
 def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"Measured on {m['gpu']} (driver {m['driver']}, torch {m['torch']}, CUDA {m['cuda']}), {m['date']}, "
-             "by `python -m dwgen.bench`. Each cell: median ms (x copy_ of the same bytes, timed interleaved in "
-             "the same process); last column: PyTorch eager's time over dwgen's.", ""]
+             "by `python -m dwgen.bench`. Each cell: median ms of GPU time (x copy_ of the same bytes, timed "
+             "interleaved in the same process, each call replayed from a CUDA graph; † marks a call that could "
+             "not be captured and was timed plainly); then PyTorch eager's time over dwgen's, and the host "
+             "time of one plain call (µs of CPU to issue it: what a short problem costs outside a graph).", ""]
     names = ["copy_"] + list(CONTENDERS)
     for suite, rows in results["suites"].items():
-        lines += [f"**{suite}**", "",
-                  "| problem | " + " | ".join(names) + " | dwgen kernel | dwgen vs PyTorch |",
-                  "|---" * (len(names) + 3) + "|"]
+        header = " | ".join(["problem", *names, "dwgen kernel", "dwgen vs PyTorch", "host µs: PyTorch / dwgen"])
+        lines += [f"**{suite}**", "", f"| {header} |",
+                  "|---" * (len(names) + 4) + "|"]
         by_problem: dict[str, dict] = {}
         for r in rows:
             by_problem.setdefault(r["problem"], {})[r["implementation"]] = r
@@ -99,9 +121,11 @@ def markdown(results: dict) -> str:
             first = next(iter(impls.values()))
             dw = impls.get("dwgen", {})
             sp = dw.get("speedup_vs_torch")
+            host = " / ".join(f"{impls[n]['host_us']:.1f}" if impls.get(n, {}).get("host_us") else "n/a"
+                              for n in ("pytorch", "dwgen"))
             lines.append(f"| {problem_label(first)} | " + " | ".join(cell(impls[n]) if n in impls else "n/a"
                                                                      for n in names)
-                         + f" | `{dw.get('kernel', '')}` | {f'{sp:.2f}x' if sp else 'n/a'} |")
+                         + f" | `{dw.get('kernel', '')}` | {f'{sp:.2f}x' if sp else 'n/a'} | {host} |")
         lines.append("")
     return "\n".join(lines)
 
