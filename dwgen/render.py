@@ -85,6 +85,7 @@ def render_variant(v: Variant) -> str:
         "halo": _enum(c.halo, AXES["halo"]),
         "walk": _enum(c.walk, AXES["walk"]),
         "vec_type": _VEC_TYPES[(p.dtype, c.vec)],
+        "vec_bytes": _cpp_int(v.align_bytes),
     }
     return _ENV.get_template(KERNEL_TEMPLATE).render(**ctx)
 

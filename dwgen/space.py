@@ -26,7 +26,7 @@ AXES: dict[str, tuple] = {
     "outs": (1, 2, 4),
     "run": (1, 2),
     "walk": ("tile", "row", "persistent"),
-    "halo": ("l1", "smem", "shfl"),
+    "halo": ("l1", "smem", "shfl", "async"),
     "stream": (False, True),
 }
 WALKS = AXES["walk"]
@@ -46,7 +46,9 @@ class Config:
     outs: int = 1  # independent vector groups per thread per tile step (loads in flight)
     run: int = 1  # consecutive output vectors per group, sharing one register window (large K)
     walk: str = "tile"  # tile: a block per tile; row: a block walks a row; persistent: a GPU-sized grid
-    halo: str = "l1"  # l1: re-read neighbours through L1; smem: tile in shared memory; shfl: warp shuffles
+    # l1: re-read neighbours through L1; smem: tile in shared memory; shfl: warp shuffles;
+    # async: a walking block's double-buffered shared tile, filled by cp.async while the previous is computed
+    halo: str = "l1"
     stream: bool = False  # streaming cache hints (__ldcs / __stcs) instead of __ldg / plain stores
 
     def __post_init__(self) -> None:
@@ -91,14 +93,15 @@ class Variant:
     @property
     def smem_vectors(self) -> int:
         """Vectors of input one tile step stages in shared memory."""
-        if self.config.halo != "smem":
+        if self.config.halo not in ("smem", "async"):
             return 0
         p, v = self.problem, self.config.vec
         return ((self.tile_outputs - 1) * p.stride + (v - 1) + (p.kernel_size - 1) * p.dilation) // v + 1
 
     @property
     def smem_bytes(self) -> int:
-        return self.smem_vectors * self.config.vec * self.problem.elem_bytes
+        buffers = 2 if self.config.halo == "async" else 1
+        return buffers * self.smem_vectors * self.config.vec * self.problem.elem_bytes
 
     @property
     def align_bytes(self) -> int:
@@ -229,6 +232,11 @@ def several_tiles_to_walk(p: Problem, c: Config) -> bool:
     return c.walk != "row" or p.out_length > c.threads * c.vec * c.outs * c.run
 
 
+def async_needs_a_walk(p: Problem, c: Config) -> bool:
+    """The asynchronous stage pays only when a block has a next tile to fetch while it computes."""
+    return c.halo != "async" or c.walk != "tile"
+
+
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     shfl_needs_unit_stride,
     shfl_needs_single_runs,
@@ -237,6 +245,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     smem_fits,
     tile_fits_row,
     several_tiles_to_walk,
+    async_needs_a_walk,
 )
 
 
@@ -264,6 +273,8 @@ KNOWN_GOOD: tuple[Config, ...] = (
     Config(threads=128, vec=4, outs=1, run=2, halo="smem"),
     Config(threads=256, vec=4, outs=2, walk="persistent", halo="l1"),
     Config(threads=256, vec=1, outs=4, halo="l1"),
+    Config(threads=256, vec=4, outs=1, walk="row", halo="async"),
+    Config(threads=64, vec=4, outs=2, walk="row", halo="async"),
 )
 
 
@@ -272,16 +283,30 @@ def known_good(p: Problem) -> list[Config]:
 
 
 # The frozen module's fast path for problems nobody tuned: one kernel per K for stride 1 and dilation 1
-# (padding, bias and sizes are run-time), built from this config, which measured best on the target.
+# (padding, bias and sizes are run-time). Each K's config is chosen by measurement (python -m
+# search.generic, which writes GENERIC_FILE); a K it has not measured gets GENERIC_CONFIG.
 GENERIC_CONFIG = Config(threads=128, vec=4, outs=2, halo="shfl")
 GENERIC_KERNEL_SIZES = tuple(range(1, 10))
+GENERIC_FILE = Path(__file__).resolve().parent / "generic.json"
+
+
+def generic_configs(dtype: str = "fp32", path: Path = GENERIC_FILE) -> dict[int, Config]:
+    """The fast generic config of each K: the measured choice where there is one."""
+    chosen = json.loads(path.read_text()).get(dtype, {}) if path.exists() else {}
+    return {k: Config(**chosen[str(k)]["config"]) if str(k) in chosen else GENERIC_CONFIG for k in GENERIC_KERNEL_SIZES}
+
+
+def generic_problem(k: int, dtype: str = "fp32") -> Problem:
+    """A stand-in carrying only the signature (K, stride 1, dilation 1) of the generic kernel for K."""
+    return Problem(1, 1, 4096, k, 1, (k - 1) // 2, 1, dtype)
 
 
 def generic_variants(dtype: str = "fp32") -> list[Variant]:
-    """The fast generic kernels; the problem of each only carries the signature (K, stride 1, dilation 1)."""
+    """The fast generic kernels, one per K."""
     out = []
-    for k in GENERIC_KERNEL_SIZES:
-        v = Variant(Problem(1, 1, 4096, k, 1, (k - 1) // 2, 1, dtype), GENERIC_CONFIG)
-        assert not violations(v.problem, v.config), v.name
+    for k, config in generic_configs(dtype).items():
+        v = Variant(generic_problem(k, dtype), config)
+        if violations(v.problem, v.config):
+            raise ValueError(f"generic kernel {v.name} breaks {violations(v.problem, v.config)}; fix {GENERIC_FILE}")
         out.append(v)
     return out

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -12,7 +13,9 @@ from dwgen.space import (
     RESTRICTIONS,
     Config,
     Variant,
+    config_from_name,
     enumerate_space,
+    generic_configs,
     generic_variants,
     known_good,
     violations,
@@ -35,13 +38,14 @@ def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream) -> b
     span = (vec - 1) + (run * vec - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
     nv = -(-span // vec)
     stage = -(-((tile - 1) * p.stride + (vec - 1) + (p.kernel_size - 1) * p.dilation + 1) // vec)
-    smem = stage * vec * 4 if halo == "smem" else 0
+    smem = stage * vec * 4 * {"smem": 1, "async": 2}.get(halo, 0)
     return (
         (halo != "shfl" or (p.stride == 1 and run == 1 and nv <= 16))
         and nv * vec <= 64
         and smem <= 48 * 1024
         and (tile <= max(p.out_length, 32 * vec) or (threads == 64 and outs == 1 and run == 1))
         and (walk != "row" or p.out_length > tile)
+        and (halo != "async" or walk != "tile")
     )
 
 
@@ -140,7 +144,26 @@ def test_violations_name_the_failed_restrictions():
 def test_generic_variants_cover_small_k():
     vs = generic_variants()
     assert [v.problem.kernel_size for v in vs] == list(range(1, 10))
-    assert all(v.config == GENERIC_CONFIG and v.problem.stride == 1 and v.problem.dilation == 1 for v in vs)
+    assert all(v.problem.stride == 1 and v.problem.dilation == 1 and not violations(v.problem, v.config) for v in vs)
+
+
+def test_generic_configs_come_from_the_measured_choices(tmp_path):
+    path = tmp_path / "generic.json"
+    assert set(generic_configs(path=path).values()) == {GENERIC_CONFIG}  # nothing measured yet
+    chosen = Config(threads=256, vec=4, outs=1, walk="row", halo="async")
+    path.write_text(json.dumps({"fp32": {"7": {"config": chosen.to_dict()}}}))
+    configs = generic_configs(path=path)
+    assert configs[7] == chosen and configs[3] == GENERIC_CONFIG
+
+
+def test_variant_names_parse_back():
+    p = Problem(2, 8, 999, 5, 1, 4, 2)
+    for v in enumerate_space(p)[::37]:
+        assert config_from_name(v.name, p) == v.config
+    with pytest.raises(ValueError, match="not a variant of"):
+        config_from_name("dw1d_f32_k3_t128_v4_o2_l1", p)
+    with pytest.raises(ValueError, match="unknown token"):
+        config_from_name("dw1d_f32_k5_d2_t128_v4_o2_texture", p)
 
 
 def test_config_refuses_values_off_the_axes():
