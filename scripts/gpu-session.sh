@@ -3,12 +3,13 @@
 #   smoke   GPU variant checks only (fast; stops the session early when a kernel is wrong)
 #   tune    cold tune of the target shape (the README's command)
 #   tunecheck  the same, without touching generated/
+#   generic choose the fast generic kernel of each K by measurement (dwgen/generic.json)
 #   suite   cold tune of benchmarks/suite.txt, frozen together
 #   bench   python -m dwgen.bench (results into benchmarks/)
 #   exhaustive  every variant of the target's space, compared with the frozen winner (no freeze)
 #   tests   the whole test suite, GPU tests included
 #   gputests  only the GPU tests and the frozen-module tests
-# Logs and generated/ + benchmarks/ come back under $OUT.
+# Logs and generated/, benchmarks/ and dwgen/generic.json come back under $OUT (results.tgz).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -23,6 +24,7 @@ for step in "$@"; do
     smoke) timed smoke python3 -m pytest -q -x tests/gpu/test_variants_gpu.py || exit 1 ;;
     tune) rm -rf runs; timed tune python3 tune.py --shape 32x512x8192 ;;
     tunecheck) rm -rf runs; timed tunecheck python3 tune.py --shape 32x512x8192 --no-freeze ;;
+    generic) timed generic python3 -m search.generic ;;
     suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} ;;
     bench) timed bench python3 -m dwgen.bench ;;
     exhaustive) timed exhaustive python3 tune.py --shape 32x512x8192 --sampler grid --trials 100000 \
@@ -31,6 +33,6 @@ for step in "$@"; do
     gputests) timed gputests python3 -m pytest -q tests/gpu tests/test_generated.py ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
-  tar czf "$OUT/results.tgz" generated benchmarks  # after every step: a later time-out loses only that step
+  tar czf "$OUT/results.tgz" generated benchmarks dwgen/generic.json 2>/dev/null  # after every step: a later time-out loses only that step
 done
 cat "$OUT/summary.log"

@@ -53,3 +53,14 @@ def test_dry_run_compiles_a_small_space(tmp_path):
     out = run("--shape", "1x1x128", "--kernel-size", "31", "--dry-run", "--runs-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "built" in out.stdout and "FAILED" not in out.stdout
+
+
+@pytest.mark.parametrize("module, args, msg", [
+    ("search.compare", ["--shape", "4x8x1000", "dw1d_f32_k7_t128_v4_o2_l1"], "is not a variant of"),
+    ("search.compare", ["--shape", "4x8x1000", "dw1d_f32_k3_t128_v4_o2_l1", "--vary", "colour"], "unknown axis"),
+    ("search.generic", ["--kernel-sizes", "12"], "has no generic kernel"),
+])
+def test_experiment_tools_refuse_bad_input_in_one_line(module, args, msg):
+    r = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2
+    assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
