@@ -2,9 +2,10 @@
 
 For each problem of the suites, in one process on the GPU: copy_ of the bytes the op must move, PyTorch
 eager, torch.compile, a simple Triton kernel, a naive CUDA kernel and generated.depthwise_conv1d; each
-checked against the float64 reference, then all timed interleaved. Each is timed as a CUDA-graph replay
-of one call, so that the GPU time of short problems is not hidden behind the host's; the host time of a
-plain call is measured apart and reported beside it. Writes results.json and results.md.
+checked against the float64 reference, then all timed interleaved. Problems whose data fit in L2 are
+timed as CUDA-graph replays of one call, so that their few microseconds of GPU time are not hidden
+behind the host's; the host time of a plain call is measured apart and reported beside it.
+Writes results.json and results.md.
 """
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ def measure(p: Problem, names: list[str], log) -> list[dict]:
 
     x, w, b = check.make_inputs(p, 0)
     ref, scale = check.reference(p, x, w, b)
+    graphs = bench.latency_bound(p)
     copy = bench.copy_operands(p)
     copy_host_us = bench.host_us_per_call(copy)
     fns: dict = {}
-    fns["copy_"], copy_timing = _timed_form(copy)
+    fns["copy_"], copy_timing = _timed_form(copy, graphs)
     rows: dict[str, dict] = {}
     for name in names:
         row = {"implementation": name, "correct": False, "ms": None, "error": ""}
@@ -43,7 +45,7 @@ def measure(p: Problem, names: list[str], log) -> list[dict]:
             row["error"] = outcome.message
             row["max_rel_error"] = outcome.max_rel_error
             row["host_us"] = bench.host_us_per_call(fn)
-            fns[name], row["timing"] = _timed_form(fn)
+            fns[name], row["timing"] = _timed_form(fn, graphs)
         except Exception as e:  # a contender that cannot run this problem is reported, not fatal
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if name == "dwgen":
@@ -71,22 +73,24 @@ def measure(p: Problem, names: list[str], log) -> list[dict]:
     return [{**base, **r} for r in out]
 
 
-def _timed_form(fn):
-    """(what to time, how): the call captured in a CUDA graph, or the plain call when it cannot be captured."""
+def _timed_form(fn, graphs: bool):
+    """(what to time, how): the call captured in a CUDA graph when asked and possible, else the plain call."""
+    if not graphs:
+        return fn, "plain"
     try:
         return bench.graphed(fn), "graph"
     except Exception:  # e.g. a call that synchronises; its time then includes its host work
         import torch
 
         torch.cuda.synchronize()
-        return fn, "eager"
+        return fn, "plain (capture failed)"
 
 
 def cell(r: dict) -> str:
     if r.get("ms") is None:
         return "n/a"
     flag = "" if r["correct"] else " WRONG"
-    if r.get("timing") == "eager":
+    if r.get("timing", "").startswith("plain ("):
         flag += " †"
     return f"{r['ms']:.4f} ({r['x_copy']:.2f}x){flag}"
 
@@ -99,16 +103,19 @@ def problem_label(r: dict) -> str:
         s += f" D{r['dilation']}"
     if r["bias"]:
         s += " bias"
+    if r.get("timing") == "graph":
+        s += " (graph)"
     return s
 
 
 def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"Measured on {m['gpu']} (driver {m['driver']}, torch {m['torch']}, CUDA {m['cuda']}), {m['date']}, "
-             "by `python -m dwgen.bench`. Each cell: median ms of GPU time (x copy_ of the same bytes, timed "
-             "interleaved in the same process, each call replayed from a CUDA graph; † marks a call that could "
-             "not be captured and was timed plainly); then PyTorch eager's time over dwgen's, and the host "
-             "time of one plain call (µs of CPU to issue it: what a short problem costs outside a graph).", ""]
+             "by `python -m dwgen.bench`. Each cell: median ms (x copy_ of the same bytes, timed interleaved in "
+             "the same process). Problems whose data fit in L2 (marked graph) are timed as CUDA-graph replays, "
+             "so their cells are GPU time; † marks a call that could not be captured. Then PyTorch eager's "
+             "time over dwgen's, and the host time of one plain call (µs of CPU to issue it; it is hidden when "
+             "the GPU is busy, and it is what a short problem costs outside a graph).", ""]
     names = ["copy_"] + list(CONTENDERS)
     for suite, rows in results["suites"].items():
         header = " | ".join(["problem", *names, "dwgen kernel", "dwgen vs PyTorch", "host µs: PyTorch / dwgen"])
