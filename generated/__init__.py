@@ -43,6 +43,8 @@ def _sources() -> list[str]:
 def build(verbose: bool = False):
     """Compile (once, cached by torch by content) and return the extension holding the kernels."""
     global _ext
+    if _ext is not None:  # every call comes here: no lock once built
+        return _ext
     with _lock:
         if _ext is not None:
             return _ext
@@ -143,9 +145,8 @@ def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     weight = weight.contiguous()
     bias = bias.contiguous() if bias is not None else None
     ext = build()
-    with torch.cuda.device(x.device):
-        if chosen is not None:
-            ext.launch(chosen[0], x, weight, bias, y, padding)
-        else:
-            ext.launch_any(x, weight, bias, y, k, stride, padding, dilation)
+    if chosen is not None:  # the launchers set x's device themselves
+        ext.launch(chosen[0], x, weight, bias, y, padding)
+    else:
+        ext.launch_any(x, weight, bias, y, k, stride, padding, dilation)
     return y
