@@ -24,6 +24,8 @@ def _driver():
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
             ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
+            ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
         _lib = lib
     return _lib
 
@@ -50,6 +52,13 @@ class Kernel:
         _check(_driver().cuModuleGetFunction(ctypes.byref(self._func), self._module, name.encode()),
                f"finding {name}")
         self.name = name
+
+    def resident_blocks(self, threads: int) -> int:
+        """Blocks of this kernel one SM holds at once, as the driver computes it (registers, shared memory)."""
+        n = ctypes.c_int()
+        _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), self._func, threads, 0),
+               f"occupancy of {self.name}")
+        return max(1, n.value)
 
     def unload(self) -> None:
         """Free the module now; a search loads thousands and the driver keeps each until told."""

@@ -34,7 +34,10 @@ HALOS = AXES["halo"]
 
 SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory without opting in to more
 MAX_WINDOW_FLOATS = 64  # beyond this the per-thread register window spills
-MAX_THREADS_PER_SM = 2048  # Hopper; a persistent grid launches this many threads per SM
+MAX_THREADS_PER_SM = 2048  # Hopper; the most threads an SM holds, an upper bound on a persistent grid
+# Bumped when the way a variant is launched changes (grid sizing): a study's stored timings are only
+# reused under the rules they were measured with (it is part of the study name).
+LAUNCH_RULES = 2  # 2: persistent grids sized by the driver's occupancy answer, not by the thread limit
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,18 @@ class Variant:
         """Tile steps per row: enough for the row's aligned output vectors, and at least one."""
         return max(1, -(-(out_length // self.config.vec) // self.tile_vectors))
 
-    def grid(self, problem: Problem, sm_count: int) -> int:
-        """Blocks to launch for a problem of this variant's signature (possibly another size)."""
+    def grid(self, problem: Problem, sm_count: int, blocks_per_sm: int | None = None) -> int:
+        """Blocks to launch for a problem of this variant's signature (possibly another size).
+
+        A persistent grid must be resident all at once, or the blocks of a second wave start only when
+        the first have walked all their items; `blocks_per_sm` is what the driver says an SM holds of this
+        kernel (registers and shared memory decide). Without it, the thread limit: an upper bound."""
         items = problem.rows * self.tiles(problem.out_length)
         if self.config.walk == "row":
             return problem.rows
         if self.config.walk == "persistent":
-            return min(items, sm_count * max(1, MAX_THREADS_PER_SM // self.config.threads))
+            per_sm = blocks_per_sm if blocks_per_sm else max(1, MAX_THREADS_PER_SM // self.config.threads)
+            return min(items, sm_count * per_sm)
         return items
 
     @property

@@ -45,11 +45,12 @@ class _Bench:
 
         v = cand.variant
         kernel = Kernel(cand.cubin, v.name)
+        per_sm = kernel.resident_blocks(v.config.threads) if v.config.walk == "persistent" else None
 
         def prepare(q: Problem, x, w, b, y):
             args = [ptr(x), ptr(w), ptr(b), ptr(y), i32(q.rows), i32(q.channels), i32(q.length),
                     i32(q.out_length), i32(q.padding), i32(v.tiles(q.out_length))]
-            return kernel.prepare(v.grid(q, self.sm_count), v.config.threads, args)
+            return kernel.prepare(v.grid(q, self.sm_count, per_sm), v.config.threads, args)
 
         return kernel, prepare
 

@@ -10,13 +10,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import AXES, Config
+from dwgen.space import AXES, LAUNCH_RULES, Config
 from search.samplers import make_sampler
 
 DEFAULT_RUNS_DIR = Path("runs")
 DISTRIBUTIONS = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in AXES.items()}
-# Studies are per problem and per version of the axes: a changed space starts a new study.
-SPACE_TAG = hashlib.sha256(json.dumps({k: list(v) for k, v in AXES.items()}).encode()).hexdigest()[:8]
+# Studies are per problem and per version of the axes and launch rules: a changed space starts a new study.
+SPACE_TAG = hashlib.sha256(json.dumps({**{k: list(v) for k, v in AXES.items()},
+                                      "launch_rules": LAUNCH_RULES}).encode()).hexdigest()[:8]
 
 RESULT_ATTR = "result"
 SKIP_ATTR = "skipped"

@@ -113,3 +113,23 @@ def test_edited_launcher_or_dispatch_is_stale(tmp_path):
     init = tmp_path / "__init__.py"
     init.write_text(init.read_text() + "# hand edit\n")
     assert {"launcher", "dispatch"} <= set(freeze.stale_entries(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+def test_frozen_launcher_builds_for_every_walk(tmp_path):
+    """The launcher's persistent, row and tile branches compile (generated/ may hold none of them)."""
+    import os
+    import subprocess
+
+    ws = [winner(Problem(32, 512, 1024, 31, 1, 15), Config(threads=64, vec=4, outs=2, walk="persistent", halo="async")),
+          winner(Problem(4, 64, 1000), Config(threads=128, vec=4, outs=1, walk="row", halo="smem")),
+          winner(Problem(4, 64, 4096), Config(threads=128, vec=2, outs=2, halo="shfl"))]
+    freeze.freeze(ws, tmp_path / "frozen_walks", log=lambda s: None)
+    env = dict(os.environ, DWGEN_BUILD_DIR=str(tmp_path / "build"))
+    (tmp_path / "build").mkdir()
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import frozen_walks; "
+            "frozen_walks.build(); print('built')")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "built" in out.stdout

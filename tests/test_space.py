@@ -131,6 +131,8 @@ def test_tiles_and_grid():
     assert v.grid(p, 132) == 32 * 4
     assert Variant(p, Config(threads=64, vec=4, walk="row")).grid(p, 132) == 32
     assert Variant(p, Config(threads=64, vec=4, walk="persistent")).grid(p, 1) == 32
+    # a persistent grid is what the SMs hold at once, when the driver's answer is known
+    assert Variant(p, Config(threads=64, vec=4, walk="persistent")).grid(p, 2, blocks_per_sm=3) == 6
 
 
 def test_violations_name_the_failed_restrictions():
