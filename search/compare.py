@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 from dwgen.problem import ProblemError
 from dwgen.space import AXES, Variant, config_from_name, violations
@@ -55,23 +56,20 @@ def main(argv: list[str]) -> int:
 
     from dwgen.worker import Candidate, GpuWorker
     from search import workflow
-    from search.loop import _base_result
+    from search.loop import build_result
 
     try:
-        arch = workflow.gpu_arch()
+        build = workflow.gpu_builder(Path("runs"), a.jobs)
     except workflow.UserError as e:
         print(f"python -m search.compare: {e}", file=sys.stderr)
         return 1
-    from pathlib import Path
-
-    build = workflow.make_builder(Path("runs") / "build", arch, a.jobs)
     print(f"{problem.key}: {len(variants)} variants", flush=True)
     builds = build(variants)
     worker = GpuWorker(problem)
     results, cands = {}, []
     try:
         for v, b in zip(variants, builds, strict=True):
-            r = _base_result(v, b)
+            r = build_result(v, b)
             if b.ok:
                 r = worker.evaluate(Candidate(v, b.cubin), r)
             results[v.name] = r

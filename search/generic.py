@@ -39,7 +39,7 @@ def training_problems(k: int) -> list[Problem]:
 def choose(k: int, build, log=print, rounds: int = 40) -> dict:
     """Measure every candidate for K on each training shape; return the winner's record."""
     from dwgen.worker import Candidate, GpuWorker
-    from search.loop import _base_result
+    from search.loop import build_result
 
     variants = [Variant(generic_problem(k), c) for c in CANDIDATES if not violations(generic_problem(k), c)]
     builds = build(variants)
@@ -50,7 +50,7 @@ def choose(k: int, build, log=print, rounds: int = 40) -> dict:
         try:
             passed = []
             for v, b in zip(variants, builds, strict=True):
-                r = _base_result(v, b)
+                r = build_result(v, b)
                 if b.ok:
                     r = worker.evaluate(Candidate(v, b.cubin), r)
                 if r.ok:
@@ -94,13 +94,12 @@ def main(argv: list[str]) -> int:
     from search import workflow
 
     try:
-        arch = workflow.gpu_arch()
+        build = workflow.gpu_builder(Path("runs"), a.jobs)
     except workflow.UserError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
         return 1
     from dwgen.worker import machine_info
 
-    build = workflow.make_builder(Path("runs") / "build", arch, a.jobs)
     data = json.loads(a.out.read_text()) if a.out.exists() else {}
     chosen = data.setdefault("fp32", {})
     t0 = time.perf_counter()

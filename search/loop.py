@@ -46,7 +46,7 @@ class SearchStats:
     failures: dict[str, int] = field(default_factory=dict)
 
 
-def _base_result(v: Variant, b: Build) -> Result:
+def build_result(v: Variant, b: Build) -> Result:
     status = "ok" if b.ok else b.status
     last = b.log.strip().splitlines()[-1] if b.log.strip() else ""
     msg = "" if b.ok else f"{last} (source and log beside {b.log_path})"
@@ -108,7 +108,7 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
         t0 = time.perf_counter()
         for (trial, v), b in zip(pending.values(), builds, strict=True):
             stats.built += 1
-            result = _base_result(v, b)
+            result = build_result(v, b)
             if b.ok:
                 result = evaluator.evaluate(Candidate(v, b.cubin), result)
             else:

@@ -26,6 +26,16 @@ def gpu_arch() -> str:
     return f"sm_{major}{minor}"
 
 
+def gpu_builder(runs_dir: Path, jobs: int | None):
+    """The builder for this machine's GPU, with its cache under runs_dir; UserError when there is no GPU or nvcc."""
+    arch = gpu_arch()
+    try:
+        builder.nvcc_version()
+    except builder.ToolchainError as e:
+        raise UserError(str(e)) from e
+    return make_builder(runs_dir / "build", arch, jobs)
+
+
 def make_builder(cache_dir: Path, arch: str, jobs: int | None):
     def build(variants: list[Variant]):
         return builder.compile_many(
@@ -81,17 +91,12 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
 
 def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampler: str, seed: int,
          storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print) -> int:
-    arch = gpu_arch()
-    try:
-        builder.nvcc_version()
-    except builder.ToolchainError as e:
-        raise UserError(str(e)) from e
+    build = gpu_builder(runs_dir, jobs)
     if storage is None:
         storage = st.default_storage(runs_dir)
     elif storage == "memory":
         storage = None
-    log(f"tuning {len(problems)} problem(s) on {arch}; storage {storage or 'in memory'}")
-    build = make_builder(runs_dir / "build", arch, jobs)
+    log(f"tuning {len(problems)} problem(s) on {gpu_arch()}; storage {storage or 'in memory'}")
     winners: list[frz.Winner] = []
     for p in problems:
         w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=storage,
