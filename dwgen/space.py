@@ -64,6 +64,20 @@ class Config:
         return asdict(self)
 
 
+WALK_TOKENS = {"row": "row", "persistent": "pers"}  # the tile walk is the default and has no token
+DTYPE_TOKENS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+
+
+def signature_tokens(p: Problem) -> list[str]:
+    """The first tokens of a variant's name: what it is specialised to (dw1d_f32_k7[_s2][_d2])."""
+    parts = ["dw1d", DTYPE_TOKENS[p.dtype], f"k{p.kernel_size}"]
+    if p.stride != 1:
+        parts.append(f"s{p.stride}")
+    if p.dilation != 1:
+        parts.append(f"d{p.dilation}")
+    return parts
+
+
 @dataclass(frozen=True)
 class Variant:
     """A config specialised to a problem's compile-time parameters (K, stride, dilation, dtype).
@@ -132,17 +146,12 @@ class Variant:
     @property
     def name(self) -> str:
         """Short tokens in a fixed order; booleans and defaults appear as a token or not at all."""
-        p, c = self.problem, self.config
-        parts = ["dw1d", {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}[p.dtype], f"k{p.kernel_size}"]
-        if p.stride != 1:
-            parts.append(f"s{p.stride}")
-        if p.dilation != 1:
-            parts.append(f"d{p.dilation}")
-        parts += [f"t{c.threads}", f"v{c.vec}", f"o{c.outs}"]
+        c = self.config
+        parts = signature_tokens(self.problem) + [f"t{c.threads}", f"v{c.vec}", f"o{c.outs}"]
         if c.run != 1:
             parts.append(f"r{c.run}")
         if c.walk != "tile":
-            parts.append({"row": "row", "persistent": "pers"}[c.walk])
+            parts.append(WALK_TOKENS[c.walk])
         parts.append(c.halo)
         if c.stream:
             parts.append("cs")
@@ -165,13 +174,12 @@ class Variant:
 
 def config_from_name(name: str, problem: Problem) -> Config:
     """The config of a variant name such as dw1d_f32_k7_t128_v4_o2_row_l1, which must fit `problem`."""
-    tokens = name.split("_")
-    prefix = Variant(problem, Config()).name.split("_t")[0]  # dw1d_f32_k7[_s2][_d2]
-    if not name.startswith(prefix + "_t"):
-        raise ValueError(f"{name} is not a variant of {problem.key} (expected it to start with {prefix}_t)")
+    tokens, prefix = name.split("_"), signature_tokens(problem)
+    if tokens[:len(prefix)] != prefix:
+        raise ValueError(f"{name} is not a variant of {problem.key} (expected it to start with {'_'.join(prefix)}_)")
     fields: dict = {"run": 1, "walk": "tile", "stream": False}
-    walks = {"row": "row", "pers": "persistent"}
-    for tok in tokens[len(prefix.split("_")):]:
+    walks = {token: walk for walk, token in WALK_TOKENS.items()}
+    for tok in tokens[len(prefix):]:
         if tok in walks:
             fields["walk"] = walks[tok]
         elif tok in HALOS:
