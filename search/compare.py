@@ -54,9 +54,9 @@ def main(argv: list[str]) -> int:
         return 2
     variants = widen(variants, axes)
 
-    from dwgen.worker import Candidate, GpuWorker
+    from dwgen.worker import GpuWorker
     from search import workflow
-    from search.loop import build_result
+    from search.loop import check_each
 
     try:
         build = workflow.gpu_builder(Path("runs"), a.jobs)
@@ -68,14 +68,11 @@ def main(argv: list[str]) -> int:
     worker = GpuWorker(problem)
     results, cands = {}, []
     try:
-        for v, b in zip(variants, builds, strict=True):
-            r = build_result(v, b)
-            if b.ok:
-                r = worker.evaluate(Candidate(v, b.cubin), r)
-            results[v.name] = r
+        for r, cand in check_each(worker, variants, builds):
+            results[r.name] = r
             print(r.summary(), flush=True)
-            if r.ok:
-                cands.append(Candidate(v, b.cubin))
+            if cand is not None:
+                cands.append(cand)
         times = worker.retime(cands, a.rounds) if cands else {}
     finally:
         worker.close()

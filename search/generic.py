@@ -38,8 +38,8 @@ def training_problems(k: int) -> list[Problem]:
 
 def choose(k: int, build, log=print, rounds: int = 40) -> dict:
     """Measure every candidate for K on each training shape; return the winner's record."""
-    from dwgen.worker import Candidate, GpuWorker
-    from search.loop import build_result
+    from dwgen.worker import GpuWorker
+    from search.loop import check_each
 
     variants = [Variant(generic_problem(k), c) for c in CANDIDATES if not violations(generic_problem(k), c)]
     builds = build(variants)
@@ -49,14 +49,11 @@ def choose(k: int, build, log=print, rounds: int = 40) -> dict:
         worker = GpuWorker(p)
         try:
             passed = []
-            for v, b in zip(variants, builds, strict=True):
-                r = build_result(v, b)
-                if b.ok:
-                    r = worker.evaluate(Candidate(v, b.cubin), r)
-                if r.ok:
-                    passed.append(Candidate(v, b.cubin))
+            for r, cand in check_each(worker, variants, builds):
+                if cand is not None:
+                    passed.append(cand)
                 else:
-                    scores.pop(v.name, None)
+                    scores.pop(r.name, None)
                     log(f"  {p.key}: {r.summary()}")
             times = worker.retime([c for c in passed if c.variant.name in scores], rounds)
         finally:

@@ -126,6 +126,18 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
     return known, stats
 
 
+def check_each(evaluator: Evaluator, variants: list[Variant],
+               builds: list[Build]) -> list[tuple[Result, Candidate | None]]:
+    """Each built variant through the evaluator's gate and timing: its result, and its candidate when correct."""
+    out = []
+    for v, b in zip(variants, builds, strict=True):
+        r = build_result(v, b)
+        if b.ok:
+            r = evaluator.evaluate(Candidate(v, b.cubin), r)
+        out.append((r, Candidate(v, b.cubin) if r.ok else None))
+    return out
+
+
 def finalists(known: dict[str, tuple[Variant, Result]], n: int = FINALISTS) -> list[tuple[Variant, Result]]:
     ok = [(v, r) for v, r in known.values() if r.ok]
     return sorted(ok, key=lambda vr: vr[1].kernel_ms)[:n]

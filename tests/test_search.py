@@ -133,3 +133,12 @@ def test_invalid_is_penalised_but_a_batch_duplicate_is_not(tmp_path):
             assert t.state == TrialState.FAIL
         elif reasons:
             assert t.state == TrialState.COMPLETE and t.value == st.SKIP_PENALTY_MS
+
+
+def test_check_each_gates_every_build():
+    vs = [next(v for v in enumerate_space(PROBLEM) if v.config.halo == h) for h in ("l1", "smem", "shfl")]
+    ev = FakeEvaluator(wrong={"shfl"})
+    out = loop.check_each(ev, vs, FakeBuilder(fail_halo="smem")(vs))
+    assert [r.status for r, _ in out] == ["ok", "compile_error", "wrong"]
+    assert [c is not None for _, c in out] == [True, False, False]
+    assert ev.calls == [vs[0].digest, vs[2].digest]  # a failed build is never evaluated
