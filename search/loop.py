@@ -15,11 +15,12 @@ from dwgen.result import Result
 from dwgen.space import Config, Variant, known_good, violations
 from dwgen.worker import Candidate
 from search import study as st
+from search.samplers import SpaceSampler
 
 FINALISTS = 5
 RETIME_ROUNDS = 60
 # Stop asking once this many asks in a row brought nothing new: the valid space is used up.
-# (The grid sampler knows when it is exhausted and stops at once.)
+# (The grid sampler proposes only valid variants and knows when it has proposed them all.)
 MAX_IDLE_ASKS = 500
 
 
@@ -78,7 +79,7 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
         pending: dict[str, tuple[optuna.Trial, Variant]] = {}
         want = min(batch, trials - stats.evaluated)
         while len(pending) < want and idle < MAX_IDLE_ASKS:
-            if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
+            if isinstance(sampler, SpaceSampler) and sampler.is_exhausted(study):
                 exhausted = True
                 break
             trial = study.ask(st.DISTRIBUTIONS)

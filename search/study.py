@@ -37,7 +37,7 @@ def study_name(p: Problem) -> str:
 
 def open_study(p: Problem, storage: str | None, sampler: str, seed: int) -> optuna.Study:
     """Create or resume the problem's study (storage None keeps it in memory, for tests)."""
-    return optuna.create_study(study_name=study_name(p), storage=storage, sampler=make_sampler(sampler, seed),
+    return optuna.create_study(study_name=study_name(p), storage=storage, sampler=make_sampler(sampler, seed, p),
                                direction="minimize", load_if_exists=True)
 
 

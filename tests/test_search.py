@@ -106,7 +106,7 @@ def test_every_sampler_finds_correct_variants(tmp_path, sampler):
 
 def test_grid_sampler_stops_when_space_is_exhausted(tmp_path):
     p = Problem(1, 2, 63, 3, 2, 1)  # odd lengths: vec 1 only, few variants
-    study = st.open_study(p, None, "grid", 0)  # in memory: 540 grid points are slow asks on SQLite
+    study = st.open_study(p, None, "grid", 0)
     ev = FakeEvaluator()
     known, stats = loop.search(p, study, FakeBuilder(), ev, trials=10_000, batch=8, log=lambda s: None)
     assert stats.evaluated == len(enumerate_space(p)) == len(set(ev.calls))
@@ -118,7 +118,7 @@ def test_failures_are_recorded_never_chosen(tmp_path):
     statuses = {r.status for _, r in known.values()}
     assert statuses <= {"ok", "wrong", "compile_error"}
     assert stats.build_failed == sum(r.status == "compile_error" for _, r in known.values())
-    assert all(v.config.halo == "l1" for v, _ in loop.finalists(known))
+    assert all(v.config.halo not in ("shfl", "smem") for v, _ in loop.finalists(known))
     failed = [r for _, r in st.measured(study).values() if not r.ok]
     assert failed and all(r.message for r in failed)
 

@@ -1,0 +1,70 @@
+"""python -m search.profile: launch named variants on one problem and nothing else, for a profiler to watch.
+
+Each variant is built and launched `--launches` times on the problem's inputs, one after another. Nothing is
+checked or timed here (python -m search.compare does both); this only gives Nsight Compute clean launches
+of the real shape, which a search's check of small edge shapes would not:
+
+    ncu -k regex:dw1d --launch-skip 1 --launch-count 1 python -m search.profile --shape 32x512x1024 -k 31 -p 15 NAME
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dwgen.problem import ProblemError
+from dwgen.space import Variant, config_from_name
+from dwgen.suite import add_problem_arguments, problem_from_args
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m search.profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_problem_arguments(ap)
+    ap.add_argument("names", nargs="+", help="variant names, e.g. dw1d_f32_k3_t128_v4_o2_l1")
+    ap.add_argument("--launches", type=int, default=3, help="launches per variant (default 3)")
+    a = ap.parse_args(argv)
+    try:
+        problem = problem_from_args(a)
+        variants = [Variant(problem, config_from_name(n, problem)) for n in a.names]
+        if a.launches < 1:
+            raise ProblemError("--launches must be at least 1")
+    except (ProblemError, ValueError) as e:
+        print(f"python -m search.profile: {e}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from dwgen.check import make_inputs
+    from dwgen.driver import Kernel, i32, ptr
+    from search import workflow
+
+    try:
+        build = workflow.gpu_builder(Path("runs"), None)
+    except workflow.UserError as e:
+        print(f"python -m search.profile: {e}", file=sys.stderr)
+        return 1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x, w, b = make_inputs(problem, 0)
+    y = torch.empty(problem.batch, problem.channels, problem.out_length, device="cuda")
+    q = problem
+    for v, built in zip(variants, build(variants), strict=True):
+        if not built.ok:
+            print(f"{v.name}: {built.status} (log beside {built.log_path})", file=sys.stderr)
+            return 1
+        kernel = Kernel(built.cubin, v.name)
+        per_sm = kernel.resident_blocks(v.config.threads) if v.config.walk == "persistent" else None
+        grid = v.grid(q, sms, per_sm)
+        args = [ptr(x), ptr(w), ptr(b), ptr(y), i32(q.rows), i32(q.channels), i32(q.length), i32(q.out_length),
+                i32(q.padding), i32(v.tiles(q.out_length))]
+        launch = kernel.prepare(grid, v.config.threads, args)
+        for _ in range(a.launches):
+            launch()
+        torch.cuda.synchronize()
+        kernel.unload()
+        print(f"{v.name}: {a.launches} launches, grid {grid} x {v.config.threads}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
