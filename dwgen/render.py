@@ -82,10 +82,6 @@ def render_variant(v: Variant) -> str:
         "window_vectors": [_cpp_int(v.window_vectors(r)) for r in range(c.vec)],
         "max_window_vectors": _cpp_int(v.max_window_vectors),
         "smem_vectors": _cpp_int(v.smem_vectors),
-        "stage_slots": _cpp_int(v.stage_slots),
-        "swizzle": _cpp_int(v.swizzle),
-        "row_vectors": _cpp_int(v.row_vectors),
-        "slide": c.slide is True,  # a Jinja branch, not a C++ constant
         "halo": _enum(c.halo, AXES["halo"]),
         "walk": _enum(c.walk, AXES["walk"]),
         "vec_type": _VEC_TYPES[(p.dtype, c.vec)],
@@ -119,7 +115,7 @@ def render_launcher(ctx: dict, digest: str) -> str:
     """Host launchers of the frozen module, one switch case per specialised kernel."""
     for k in ctx["kernels"]:
         _identifier(k["name"])
-        for f in ("index", "threads", "vec", "tile_vectors"):
+        for f in ("index", "threads", "vec", "tile_vectors", "blocks_per_sm"):
             _cpp_int(k[f])
         _enum(k["walk"], AXES["walk"])
     _identifier(ctx["any_name"])

@@ -24,11 +24,10 @@ AXES: dict[str, tuple] = {
     "threads": (64, 128, 256, 512, 1024),
     "vec": (1, 2, 4),
     "outs": (1, 2, 4),
-    "run": (1, 2, 4),
+    "run": (1, 2),
     "walk": ("tile", "row", "persistent"),
     "halo": ("l1", "smem", "shfl", "async"),
     "stream": (False, True),
-    "slide": (False, True),
 }
 WALKS = AXES["walk"]
 HALOS = AXES["halo"]
@@ -54,9 +53,6 @@ class Config:
     # async: a walking block's double-buffered shared tile, filled by cp.async while the previous is computed
     halo: str = "l1"
     stream: bool = False  # streaming cache hints (__ldcs / __stcs) instead of __ldg / plain stores
-    # Output-stationary groups: the group's outputs stay in registers and its input window slides past
-    # them one staged vector at a time, so the whole window is never live (large K).
-    slide: bool = False
 
     def __post_init__(self) -> None:
         for axis, values in AXES.items():
@@ -120,32 +116,9 @@ class Variant:
         return ((self.tile_outputs - 1) * p.stride + (v - 1) + (p.kernel_size - 1) * p.dilation) // v + 1
 
     @property
-    def swizzle(self) -> int:
-        """Stage vectors between neighbouring groups when a bank-spreading XOR applies to them, else 1.
-
-        Groups start run * stride vectors apart in the stage, so the eight threads of a 128-byte wavefront
-        would share banks; XOR-ing a slot's low bits with its 128-byte row number spreads them (for a power
-        of two up to the vectors of one row)."""
-        c = self.config
-        step = c.run * self.problem.stride
-        if c.halo not in ("smem", "async") or step & (step - 1) or step > self.row_vectors:
-            return 1
-        return step
-
-    @property
-    def row_vectors(self) -> int:
-        """Vectors in 128 bytes: one wavefront of shared memory."""
-        return 128 // self.align_bytes
-
-    @property
-    def stage_slots(self) -> int:
-        """Shared-memory slots of one stage buffer: the swizzle permutes within aligned blocks of `swizzle`."""
-        return -(-self.smem_vectors // self.swizzle) * self.swizzle
-
-    @property
     def smem_bytes(self) -> int:
         buffers = 2 if self.config.halo == "async" else 1
-        return buffers * self.stage_slots * self.config.vec * self.problem.elem_bytes
+        return buffers * self.smem_vectors * self.config.vec * self.problem.elem_bytes
 
     @property
     def align_bytes(self) -> int:
@@ -182,8 +155,6 @@ class Variant:
         parts.append(c.halo)
         if c.stream:
             parts.append("cs")
-        if c.slide:
-            parts.append("sl")
         return "_".join(parts)
 
     @property
@@ -206,7 +177,7 @@ def config_from_name(name: str, problem: Problem) -> Config:
     tokens, prefix = name.split("_"), signature_tokens(problem)
     if tokens[:len(prefix)] != prefix:
         raise ValueError(f"{name} is not a variant of {problem.key} (expected it to start with {'_'.join(prefix)}_)")
-    fields: dict = {"run": 1, "walk": "tile", "stream": False, "slide": False}
+    fields: dict = {"run": 1, "walk": "tile", "stream": False}
     walks = {token: walk for walk, token in WALK_TOKENS.items()}
     for tok in tokens[len(prefix):]:
         if tok in walks:
@@ -215,8 +186,6 @@ def config_from_name(name: str, problem: Problem) -> Config:
             fields["halo"] = tok
         elif tok == "cs":
             fields["stream"] = True
-        elif tok == "sl":
-            fields["slide"] = True
         elif tok[:1] in "tvor" and tok[1:].isdigit():
             fields[{"t": "threads", "v": "vec", "o": "outs", "r": "run"}[tok[0]]] = int(tok[1:])
         else:
@@ -261,24 +230,7 @@ def shfl_window_within_warp(p: Problem, c: Config) -> bool:
 
 
 def window_fits_registers(p: Problem, c: Config) -> bool:
-    """A sliding window holds one vector at a time; otherwise the whole window is in registers."""
-    return c.slide or Variant(p, c).max_window_vectors * c.vec <= MAX_WINDOW_FLOATS
-
-
-def slide_needs_a_stage(p: Problem, c: Config) -> bool:
-    """Sliding reads each window vector once, in a thread-private order: cheap from shared memory, but from
-    global memory the warp's loads would be strided run vectors apart."""
-    return not c.slide or c.halo in ("smem", "async")
-
-
-def slide_needs_a_run(p: Problem, c: Config) -> bool:
-    """With one vector per group a sliding window saves nothing over the register window."""
-    return not c.slide or c.run > 1
-
-
-def long_runs_need_slide(p: Problem, c: Config) -> bool:
-    """Runs of 4 with a register window measured slower everywhere (docs/perf-notes.md); sliding keeps them small."""
-    return c.run < 4 or c.slide
+    return Variant(p, c).max_window_vectors * c.vec <= MAX_WINDOW_FLOATS
 
 
 def smem_fits(p: Problem, c: Config) -> bool:
@@ -310,9 +262,6 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     tile_fits_row,
     several_tiles_to_walk,
     async_needs_a_walk,
-    slide_needs_a_stage,
-    slide_needs_a_run,
-    long_runs_need_slide,
 )
 
 

@@ -31,22 +31,17 @@ PROBLEMS = [
 ]
 
 
-def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream, slide) -> bool:
+def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream) -> bool:
     """The restrictions restated from first principles, independent of dwgen.space."""
     tile = threads * vec * outs * run
     # the widest window: first input 3 elements into a float4, RUN*V outputs, K taps
     span = (vec - 1) + (run * vec - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
     nv = -(-span // vec)
     stage = -(-((tile - 1) * p.stride + (vec - 1) + (p.kernel_size - 1) * p.dilation + 1) // vec)
-    step = run * p.stride  # stage vectors between groups: swizzled (stage rounded up to it) when a power of 2 <= one 128 B row
-    if step in (2, 4, 8, 16, 32) and step <= 128 // (vec * 4):
-        stage = -(-stage // step) * step
     smem = stage * vec * 4 * {"smem": 1, "async": 2}.get(halo, 0)
     return (
         (halo != "shfl" or (p.stride == 1 and run == 1 and nv <= 16))
-        and (slide or nv * vec <= 64)
-        and (not slide or (halo in ("smem", "async") and run > 1))
-        and (run < 4 or slide)
+        and nv * vec <= 64
         and smem <= 48 * 1024
         and (tile <= max(p.out_length, 32 * vec) or (threads == 64 and outs == 1 and run == 1))
         and (walk != "row" or p.out_length > tile)
@@ -71,8 +66,6 @@ def test_golden_name():
     v2 = Variant(Problem(4, 2048, 8192, 3, 2, 1, 2, bias=True),
                  Config(threads=128, vec=2, outs=1, run=2, walk="persistent", halo="smem", stream=False))
     assert v2.name == "dw1d_f32_k3_s2_d2_t128_v2_o1_r2_pers_smem"
-    v3 = Variant(Problem(32, 512, 1024, 31, 1, 15), Config(threads=64, vec=4, run=4, walk="row", halo="async", slide=True))
-    assert v3.name == "dw1d_f32_k31_t64_v4_o1_r4_row_async_sl"
 
 
 def test_names_and_digests_unique_and_stable():

@@ -23,21 +23,11 @@ PROBLEMS = [
 ]
 
 
-# Code paths a random sample could miss: one variant of each halo, of a sliding window per halo that has
-# one, and of a swizzled stage read as a register window.
-FEATURES = [(f"halo {h}", lambda v, h=h: v.config.halo == h) for h in HALOS] + [
-    (f"slide {h}", lambda v, h=h: v.config.slide and v.config.halo == h) for h in ("smem", "async")] + [
-    ("swizzled window", lambda v: v.swizzle > 1 and not v.config.slide)]
-
-
 def sample(p: Problem, n: int = 10):
     vs = enumerate_space(p)
     rng = random.Random(0)
-    picked, widest_first = [], sorted(vs, key=lambda v: -v.config.vec)  # vectors exercise the offset cases
-    for _, has in FEATURES:
-        v = next((v for v in widest_first if has(v) and v not in picked), None)
-        if v is not None:
-            picked.append(v)
+    widest_first = sorted(vs, key=lambda v: -v.config.vec)  # wide vectors exercise the in-vector offsets
+    picked = [next(v for v in widest_first if v.config.halo == h) for h in HALOS if any(v.config.halo == h for v in vs)]
     return picked + rng.sample([v for v in vs if v not in picked], min(n, len(vs) - len(picked)))
 
 
