@@ -4,7 +4,7 @@ Each variant is built and launched `--launches` times on the problem's inputs, o
 checked or timed here (python -m search.compare does both); this only gives Nsight Compute clean launches
 of the real shape, which a search's check of small edge shapes would not:
 
-    ncu -k regex:dw1d --launch-skip 1 --launch-count 1 python -m search.profile --shape 32x512x1024 -k 31 -p 15 NAME
+    ncu -k regex:dw1d --launch-skip 1 --launch-count 1 python -m search.profile --shape 32x512x1024 -k 31 --padding 15 NAME
 """
 from __future__ import annotations
 

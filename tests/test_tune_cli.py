@@ -59,6 +59,8 @@ def test_dry_run_compiles_a_small_space(tmp_path):
     ("search.compare", ["--shape", "4x8x1000", "dw1d_f32_k7_t128_v4_o2_l1"], "is not a variant of"),
     ("search.compare", ["--shape", "4x8x1000", "dw1d_f32_k3_t128_v4_o2_l1", "--vary", "colour"], "unknown axis"),
     ("search.generic", ["--kernel-sizes", "12"], "has no generic kernel"),
+    ("search.profile", ["--shape", "4x8x1000", "dw1d_f32_k7_t128_v4_o2_l1"], "is not a variant of"),
+    ("search.profile", ["--shape", "4x8x1000", "dw1d_f32_k3_t128_v4_o2_l1", "--launches", "0"], "at least 1"),
 ])
 def test_experiment_tools_refuse_bad_input_in_one_line(module, args, msg):
     r = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
