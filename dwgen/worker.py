@@ -21,6 +21,14 @@ class Candidate:
     cubin: str
 
 
+def launch_args(v: Variant, q: Problem, x, w, b, y) -> list:
+    """The kernel's arguments for problem q (any size of v's signature), as ctypes values."""
+    from dwgen.driver import i32, ptr
+
+    return [ptr(x), ptr(w), ptr(b), ptr(y), i32(q.rows), i32(q.channels), i32(q.length), i32(q.out_length),
+            i32(q.padding), i32(v.tiles(q.out_length))]
+
+
 # ---- child side -------------------------------------------------------------------------------------
 
 
@@ -41,16 +49,14 @@ class _Bench:
 
     def launcher(self, cand: Candidate):
         """(kernel, prepare): prepare(problem, x, w, b, y) marshals one launch; unload the kernel after use."""
-        from dwgen.driver import Kernel, i32, ptr
+        from dwgen.driver import Kernel
 
         v = cand.variant
         kernel = Kernel(cand.cubin, v.name)
         per_sm = kernel.resident_blocks(v.config.threads) if v.config.walk == "persistent" else None
 
         def prepare(q: Problem, x, w, b, y):
-            args = [ptr(x), ptr(w), ptr(b), ptr(y), i32(q.rows), i32(q.channels), i32(q.length),
-                    i32(q.out_length), i32(q.padding), i32(v.tiles(q.out_length))]
-            return kernel.prepare(v.grid(q, self.sm_count, per_sm), v.config.threads, args)
+            return kernel.prepare(v.grid(q, self.sm_count, per_sm), v.config.threads, launch_args(v, q, x, w, b, y))
 
         return kernel, prepare
 

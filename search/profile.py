@@ -4,7 +4,7 @@ Each variant is built and launched `--launches` times on the problem's inputs, o
 checked or timed here (python -m search.compare does both); this only gives Nsight Compute clean launches
 of the real shape, which a search's check of small edge shapes would not:
 
-    ncu -k regex:dw1d --launch-skip 1 --launch-count 1 python -m search.profile --shape 32x512x1024 -k 31 --padding 15 NAME
+    ncu -k regex:dw1d --launch-skip 1 -c 1 python -m search.profile --shape 32x512x1024 -k 31 --padding 15 NAME
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     from dwgen.check import make_inputs
-    from dwgen.driver import Kernel, i32, ptr
+    from dwgen.driver import Kernel
+    from dwgen.worker import launch_args
     from search import workflow
 
     try:
@@ -47,17 +48,14 @@ def main(argv: list[str]) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x, w, b = make_inputs(problem, 0)
     y = torch.empty(problem.batch, problem.channels, problem.out_length, device="cuda")
-    q = problem
     for v, built in zip(variants, build(variants), strict=True):
         if not built.ok:
             print(f"{v.name}: {built.status} (log beside {built.log_path})", file=sys.stderr)
             return 1
         kernel = Kernel(built.cubin, v.name)
         per_sm = kernel.resident_blocks(v.config.threads) if v.config.walk == "persistent" else None
-        grid = v.grid(q, sms, per_sm)
-        args = [ptr(x), ptr(w), ptr(b), ptr(y), i32(q.rows), i32(q.channels), i32(q.length), i32(q.out_length),
-                i32(q.padding), i32(v.tiles(q.out_length))]
-        launch = kernel.prepare(grid, v.config.threads, args)
+        grid = v.grid(problem, sms, per_sm)
+        launch = kernel.prepare(grid, v.config.threads, launch_args(v, problem, x, w, b, y))
         for _ in range(a.launches):
             launch()
         torch.cuda.synchronize()
