@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,16 +56,18 @@ def build_result(v: Variant, b: Build) -> Result:
 
 
 def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Evaluator, *, trials: int,
-           timeout_s: float | None = None, batch: int | None = None,
+           timeout_s: float | None = None, batch: int | None = None, seeds: Sequence[Config] = (),
            log: Callable[[str], None] = print) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
-    """Evaluate up to `trials` new variants; returns every variant measured in this study, by digest."""
+    """Evaluate up to `trials` new variants; returns every variant measured in this study, by digest.
+
+    A new study tries `seeds` first (such as the previous winner), then the known-good designs."""
     batch = batch or max(4, min(32, os.cpu_count() or 4))
     stats = SearchStats()
     known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study).items()}
     if known:
         log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
     else:
-        for c in known_good(problem):
+        for c in [*seeds, *known_good(problem)]:
             study.enqueue_trial(c.to_dict(), skip_if_exists=True)
     sampler = study.sampler
     deadline = time.monotonic() + timeout_s if timeout_s else None

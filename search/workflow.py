@@ -8,7 +8,7 @@ from dwgen import build as builder
 from dwgen import freeze as frz
 from dwgen import render
 from dwgen.problem import Problem
-from dwgen.space import Variant
+from dwgen.space import Config, Variant, violations
 from search import loop
 from search import study as st
 
@@ -53,8 +53,23 @@ def frozen_variant(problem: Problem, out_dir: Path) -> Variant | None:
     return None
 
 
+def previous_config(problem: Problem, out_dir: Path) -> Config | None:
+    """The config generated/ last froze for this problem, even when the templates have changed since: a
+    re-tune tries it first, so a larger space or an unlucky search does not lose a design that won before."""
+    m = frz.read_manifest(out_dir)
+    for e in m.get("entries", []) if m.get("schema") == frz.SCHEMA else []:
+        if e["key"] == problem.key:
+            try:
+                config = Config(**e["config"])
+            except (TypeError, ValueError):
+                return None  # a config of an older space: nothing to carry over
+            return None if violations(problem, config) else config
+    return None
+
+
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
-                 storage: str | None, build, frozen: Variant | None, log=print) -> frz.Winner | None:
+                 storage: str | None, build, frozen: Variant | None, seeds: tuple[Config, ...] = (),
+                 log=print) -> frz.Winner | None:
     """Search one problem and decide its winner; None when no variant was correct."""
     from dwgen.worker import GpuWorker
 
@@ -67,7 +82,8 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
         base = worker.baselines()
         log(f"{machine['gpu']}: copy_ of the same bytes {base['copy_ms']:.4f} ms, "
             f"PyTorch eager {base['torch_ms']:.4f} ms ({base['copy_ms'] / base['torch_ms'] * 100:.0f}% of copy speed)")
-        known, stats = loop.search(problem, study, build, worker, trials=trials, timeout_s=timeout_s, log=log)
+        known, stats = loop.search(problem, study, build, worker, trials=trials, timeout_s=timeout_s,
+                                   seeds=seeds, log=log)
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [])
     finally:
         worker.close()
@@ -99,8 +115,10 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     log(f"tuning {len(problems)} problem(s) on {gpu_arch()}; storage {storage or 'in memory'}")
     winners: list[frz.Winner] = []
     for p in problems:
+        previous = previous_config(p, out_dir)
         w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=storage,
-                         build=build, frozen=frozen_variant(p, out_dir), log=log)
+                         build=build, frozen=frozen_variant(p, out_dir), seeds=(previous,) if previous else (),
+                         log=log)
         if w is not None:
             winners.append(w)
     log("")

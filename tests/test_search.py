@@ -1,12 +1,15 @@
 """The search loop with a fake builder and evaluator: dedupe, resume, seeding, samplers, crashes."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dwgen.build import Build
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import enumerate_space, known_good
+from dwgen.freeze import SCHEMA
+from dwgen.space import Config, enumerate_space, known_good
 from search import loop
 from search import study as st
 from search.samplers import SAMPLERS
@@ -57,11 +60,12 @@ def open_study(tmp_path, sampler="tpe", seed=0):
     return st.open_study(PROBLEM, st.default_storage(tmp_path), sampler, seed)
 
 
-def run(tmp_path, trials, evaluator=None, builder=None, sampler="tpe", seed=0):
+def run(tmp_path, trials, evaluator=None, builder=None, sampler="tpe", seed=0, seeds=()):
     evaluator = evaluator or FakeEvaluator()
     builder = builder or FakeBuilder()
     study = open_study(tmp_path, sampler, seed)
-    known, stats = loop.search(PROBLEM, study, builder, evaluator, trials=trials, batch=4, log=lambda s: None)
+    known, stats = loop.search(PROBLEM, study, builder, evaluator, trials=trials, batch=4, seeds=seeds,
+                               log=lambda s: None)
     return known, stats, evaluator, builder, study
 
 
@@ -70,6 +74,29 @@ def test_known_good_first_and_never_twice(tmp_path):
     assert stats.evaluated == 20 == len(ev.calls) == len(set(ev.calls)) == len(b.built)
     first = [known[d][0].config for d in ev.calls[: len(known_good(PROBLEM))]]
     assert first == known_good(PROBLEM)
+
+
+def test_seeds_before_known_good(tmp_path):
+    previous = Config(threads=512, vec=2, outs=1, halo="smem")
+    known, _, ev, _, _ = run(tmp_path, trials=12, seeds=[previous, known_good(PROBLEM)[0]])
+    first = [known[d][0].config for d in ev.calls[: 1 + len(known_good(PROBLEM))]]
+    assert first == [previous, *known_good(PROBLEM)]  # a seed that is also known-good is tried once
+
+
+def test_previous_config_survives_a_template_change(tmp_path):
+    from search.workflow import previous_config
+
+    def manifest(config):
+        entry = {"key": PROBLEM.key, "config": config, "digest": "from-older-templates"}
+        (tmp_path / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "entries": [entry]}))
+
+    assert previous_config(PROBLEM, tmp_path) is None  # nothing frozen yet
+    manifest({"threads": 64, "vec": 4, "outs": 2, "halo": "l1"})
+    assert previous_config(PROBLEM, tmp_path) == Config(threads=64, vec=4, outs=2, halo="l1")
+    manifest({"threads": 64, "vec": 4, "outs": 2, "halo": "l1", "retired_axis": 1})
+    assert previous_config(PROBLEM, tmp_path) is None
+    manifest({"threads": 1024, "vec": 4, "outs": 4, "run": 4, "halo": "shfl"})  # not valid for this problem
+    assert previous_config(PROBLEM, tmp_path) is None
 
 
 def test_resume_continues_without_repeating(tmp_path):
