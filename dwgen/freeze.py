@@ -16,7 +16,7 @@ from pathlib import Path
 from dwgen import render
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import MAX_THREADS_PER_SM, NVCC_FLAGS, Config, Variant, generic_variants, signature
+from dwgen.space import NVCC_FLAGS, Config, Variant, generic_variants, signature
 
 SCHEMA = 2
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "generated"
@@ -70,7 +70,7 @@ def _kernel_record(v: Variant) -> dict:
         "vec": v.config.vec,
         "tile_vectors": v.tile_vectors,
         "walk": v.config.walk,
-        "blocks_per_sm": max(1, MAX_THREADS_PER_SM // v.config.threads),
+        "batches": v.config.batches,
         "align_bytes": v.align_bytes,
     }
 

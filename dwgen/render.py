@@ -73,6 +73,7 @@ def render_variant(v: Variant) -> str:
         "threads": _cpp_int(c.threads),
         "vec": _cpp_int(c.vec),
         "outs": _cpp_int(c.outs),
+        "batches": _cpp_int(c.batches),
         "run": _cpp_int(c.run),
         "tile_vectors": _cpp_int(v.tile_vectors),
         "kernel_size": _cpp_int(p.kernel_size),
@@ -115,7 +116,7 @@ def render_launcher(ctx: dict, digest: str) -> str:
     """Host launchers of the frozen module, one switch case per specialised kernel."""
     for k in ctx["kernels"]:
         _identifier(k["name"])
-        for f in ("index", "threads", "vec", "tile_vectors", "blocks_per_sm"):
+        for f in ("index", "threads", "vec", "tile_vectors", "batches"):
             _cpp_int(k[f])
         _enum(k["walk"], AXES["walk"])
     _identifier(ctx["any_name"])

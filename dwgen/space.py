@@ -28,6 +28,7 @@ AXES: dict[str, tuple] = {
     "walk": ("tile", "row", "persistent"),
     "halo": ("l1", "smem", "shfl", "async"),
     "stream": (False, True),
+    "batches": (1, 2),
 }
 WALKS = AXES["walk"]
 HALOS = AXES["halo"]
@@ -53,6 +54,9 @@ class Config:
     # async: a walking block's double-buffered shared tile, filled by cp.async while the previous is computed
     halo: str = "l1"
     stream: bool = False  # streaming cache hints (__ldcs / __stcs) instead of __ldg / plain stores
+    # Rows of one channel (consecutive batch entries) a row-walking block covers: its K weights and set-up
+    # are paid once for all of them, and an async stage prefetches across their boundaries.
+    batches: int = 1
 
     def __post_init__(self) -> None:
         for axis, values in AXES.items():
@@ -137,7 +141,7 @@ class Variant:
         kernel (registers and shared memory decide). Without it, the thread limit: an upper bound."""
         items = problem.rows * self.tiles(problem.out_length)
         if self.config.walk == "row":
-            return problem.rows
+            return problem.channels * -(-problem.batch // self.config.batches)
         if self.config.walk == "persistent":
             per_sm = blocks_per_sm if blocks_per_sm else max(1, MAX_THREADS_PER_SM // self.config.threads)
             return min(items, sm_count * per_sm)
@@ -150,6 +154,8 @@ class Variant:
         parts = signature_tokens(self.problem) + [f"t{c.threads}", f"v{c.vec}", f"o{c.outs}"]
         if c.run != 1:
             parts.append(f"r{c.run}")
+        if c.batches != 1:
+            parts.append(f"n{c.batches}")
         if c.walk != "tile":
             parts.append(WALK_TOKENS[c.walk])
         parts.append(c.halo)
@@ -177,7 +183,7 @@ def config_from_name(name: str, problem: Problem) -> Config:
     tokens, prefix = name.split("_"), signature_tokens(problem)
     if tokens[:len(prefix)] != prefix:
         raise ValueError(f"{name} is not a variant of {problem.key} (expected it to start with {'_'.join(prefix)}_)")
-    fields: dict = {"run": 1, "walk": "tile", "stream": False}
+    fields: dict = {"run": 1, "walk": "tile", "stream": False, "batches": 1}
     walks = {token: walk for walk, token in WALK_TOKENS.items()}
     for tok in tokens[len(prefix):]:
         if tok in walks:
@@ -186,8 +192,8 @@ def config_from_name(name: str, problem: Problem) -> Config:
             fields["halo"] = tok
         elif tok == "cs":
             fields["stream"] = True
-        elif tok[:1] in "tvor" and tok[1:].isdigit():
-            fields[{"t": "threads", "v": "vec", "o": "outs", "r": "run"}[tok[0]]] = int(tok[1:])
+        elif tok[:1] in "tvorn" and tok[1:].isdigit():
+            fields[{"t": "threads", "v": "vec", "o": "outs", "r": "run", "n": "batches"}[tok[0]]] = int(tok[1:])
         else:
             raise ValueError(f"{name}: unknown token {tok!r}")
     config = Config(**fields)
@@ -244,8 +250,18 @@ def tile_fits_row(p: Problem, c: Config) -> bool:
 
 
 def several_tiles_to_walk(p: Problem, c: Config) -> bool:
-    """With one tile per row, walking the row is the tile walk under another name."""
-    return c.walk != "row" or p.out_length > c.threads * c.vec * c.outs * c.run
+    """With one tile per row and one row per block, walking the row is the tile walk under another name."""
+    return c.walk != "row" or c.batches > 1 or p.out_length > c.threads * c.vec * c.outs * c.run
+
+
+def batches_need_a_row_walk(p: Problem, c: Config) -> bool:
+    """Only a row-walking block covers several rows; the other walks take one tile at a time."""
+    return c.batches == 1 or c.walk == "row"
+
+
+def batches_within_the_batch(p: Problem, c: Config) -> bool:
+    """More batch entries per block than the problem has is the same kernel as all of them, with fewer blocks."""
+    return c.batches == 1 or c.batches <= p.batch
 
 
 def async_needs_a_walk(p: Problem, c: Config) -> bool:
@@ -261,6 +277,8 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     smem_fits,
     tile_fits_row,
     several_tiles_to_walk,
+    batches_need_a_row_walk,
+    batches_within_the_batch,
     async_needs_a_walk,
 )
 
@@ -287,10 +305,12 @@ KNOWN_GOOD: tuple[Config, ...] = (
     Config(threads=128, vec=4, outs=2, halo="l1"),
     Config(threads=256, vec=4, outs=1, halo="l1", stream=True),
     Config(threads=128, vec=4, outs=1, run=2, halo="smem"),
+    Config(threads=64, vec=4, outs=1, run=2, halo="l1"),  # K4 (rows of 2051) at 1.04x; 80 trials can miss it
     Config(threads=256, vec=4, outs=2, walk="persistent", halo="l1"),
     Config(threads=256, vec=1, outs=4, halo="l1"),
     Config(threads=256, vec=4, outs=1, walk="row", halo="async"),
     Config(threads=64, vec=4, outs=2, walk="row", halo="async"),
+    Config(threads=64, vec=4, outs=4, walk="row", halo="async", batches=2),  # K31's fastest in the row-walk trial
 )
 
 

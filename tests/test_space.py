@@ -31,7 +31,7 @@ PROBLEMS = [
 ]
 
 
-def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream) -> bool:
+def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream, batches) -> bool:
     """The restrictions restated from first principles, independent of dwgen.space."""
     tile = threads * vec * outs * run
     # the widest window: first input 3 elements into a float4, RUN*V outputs, K taps
@@ -44,7 +44,8 @@ def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream) -> b
         and nv * vec <= 64
         and smem <= 48 * 1024
         and (tile <= max(p.out_length, 32 * vec) or (threads == 64 and outs == 1 and run == 1))
-        and (walk != "row" or p.out_length > tile)
+        and (walk != "row" or batches > 1 or p.out_length > tile)
+        and (batches == 1 or (walk == "row" and batches <= p.batch))
         and (halo != "async" or walk != "tile")
     )
 

@@ -18,16 +18,25 @@ PROBLEMS = [
     Problem(2, 32, 4096, 7, 1, 3, bias=True),
     Problem(4, 64, 2048, 4, 1, 3),  # output length 2051: scalar variants only
     Problem(2, 16, 4096, 3, 2, 1),
-    Problem(2, 8, 1024, 31, 1, 15),
+    Problem(3, 8, 1024, 31, 1, 15),  # odd batch: a two-row block gets one row at the end
     Problem(2, 8, 999, 5, 1, 4, 2),
 ]
+
+
+# Code paths a random sample could miss: one variant of each halo, and a block walking several rows with
+# each halo a row walk takes.
+FEATURES = [(f"halo {h}", lambda v, h=h: v.config.halo == h) for h in HALOS] + [
+    (f"rows {h}", lambda v, h=h: v.config.batches > 1 and v.config.halo == h) for h in HALOS]
 
 
 def sample(p: Problem, n: int = 10):
     vs = enumerate_space(p)
     rng = random.Random(0)
-    widest_first = sorted(vs, key=lambda v: -v.config.vec)  # wide vectors exercise the in-vector offsets
-    picked = [next(v for v in widest_first if v.config.halo == h) for h in HALOS if any(v.config.halo == h for v in vs)]
+    picked, widest_first = [], sorted(vs, key=lambda v: -v.config.vec)  # vectors exercise the offset cases
+    for _, has in FEATURES:
+        v = next((v for v in widest_first if has(v) and v not in picked), None)
+        if v is not None:
+            picked.append(v)
     return picked + rng.sample([v for v in vs if v not in picked], min(n, len(vs) - len(picked)))
 
 
