@@ -29,6 +29,29 @@ def launch_args(v: Variant, q: Problem, x, w, b, y) -> list:
             i32(q.padding), i32(v.tiles(q.out_length))]
 
 
+class Launcher:
+    """A loaded kernel and how to launch it on any problem of its signature; unload() after the last launch."""
+
+    def __init__(self, cand: Candidate, sm_count: int):
+        from dwgen.driver import Kernel
+
+        self.variant = v = cand.variant
+        self.kernel = Kernel(cand.cubin, v.name)
+        # A persistent grid is as many blocks as the GPU holds of this kernel: ask the driver once.
+        self._per_sm = self.kernel.resident_blocks(v.config.threads) if v.config.walk == "persistent" else None
+        self._sm_count = sm_count
+
+    def grid(self, q: Problem) -> int:
+        return self.variant.grid(q, self._sm_count, self._per_sm)
+
+    def prepare(self, q: Problem, x, w, b, y):
+        """One launch on problem q's tensors, marshalled once: call the result to launch."""
+        return self.kernel.prepare(self.grid(q), self.variant.config.threads, launch_args(self.variant, q, x, w, b, y))
+
+    def unload(self) -> None:
+        self.kernel.unload()
+
+
 # ---- child side -------------------------------------------------------------------------------------
 
 
@@ -47,19 +70,6 @@ class _Bench:
         self.timer = bench.Timer(flush=bench.needs_flush(problem))
         self._baselines: dict | None = None
 
-    def launcher(self, cand: Candidate):
-        """(kernel, prepare): prepare(problem, x, w, b, y) marshals one launch; unload the kernel after use."""
-        from dwgen.driver import Kernel
-
-        v = cand.variant
-        kernel = Kernel(cand.cubin, v.name)
-        per_sm = kernel.resident_blocks(v.config.threads) if v.config.walk == "persistent" else None
-
-        def prepare(q: Problem, x, w, b, y):
-            return kernel.prepare(v.grid(q, self.sm_count, per_sm), v.config.threads, launch_args(v, q, x, w, b, y))
-
-        return kernel, prepare
-
     def baselines(self) -> dict:
         from dwgen import bench
 
@@ -77,10 +87,10 @@ class _Bench:
         from dwgen import check
 
         v = cand.variant
-        kernel, prepare = self.launcher(cand)
+        launcher = Launcher(cand, self.sm_count)
 
         def run(q, x, w, b, y):
-            prepare(q, x, w, b, y)()
+            launcher.prepare(q, x, w, b, y)()
 
         try:
             problems = [self.problem] + check.edge_problems(self.problem, v.tile_outputs, v.config.vec)
@@ -92,10 +102,10 @@ class _Bench:
                 worst = max(worst, outcome.max_rel_error)
             x, w, b, _, _ = self.refs.get(self.problem, 0)
             y = torch.empty(self.problem.batch, self.problem.channels, self.problem.out_length, device="cuda")
-            t = self.timer.time(prepare(self.problem, x, w, b, y))
+            t = self.timer.time(launcher.prepare(self.problem, x, w, b, y))
         finally:
             torch.cuda.synchronize()  # the module must outlive its last launch
-            kernel.unload()
+            launcher.unload()
         return {"status": "ok", "kernel_ms": t.median_ms, "reps": t.reps, "max_rel_error": worst,
                 **self.baselines()}
 
@@ -108,19 +118,18 @@ class _Bench:
         p = self.problem
         x, w, b, _, _ = self.refs.get(p, 0)
         fns = {"copy_": bench.copy_operands(p), "torch": bench.torch_operands(p, x, w, b)}
-        outs, kernels = [], []
+        outs, launchers = [], []
         try:
             for c in cands:
                 y = torch.empty(p.batch, p.channels, p.out_length, device="cuda")
                 outs.append(y)
-                kernel, prepare = self.launcher(c)
-                kernels.append(kernel)
-                fns[c.variant.name] = prepare(p, x, w, b, y)
+                launchers.append(Launcher(c, self.sm_count))
+                fns[c.variant.name] = launchers[-1].prepare(p, x, w, b, y)
             timings = self.timer.time_interleaved(fns, rounds)
         finally:
             torch.cuda.synchronize()
-            for k in kernels:
-                k.unload()
+            for launcher in launchers:
+                launcher.unload()
         return {k: t.median_ms for k, t in timings.items()}
 
 

@@ -36,8 +36,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from dwgen.check import make_inputs
-    from dwgen.driver import Kernel
-    from dwgen.worker import launch_args
+    from dwgen.worker import Candidate, Launcher
     from search import workflow
 
     try:
@@ -52,15 +51,13 @@ def main(argv: list[str]) -> int:
         if not built.ok:
             print(f"{v.name}: {built.status} (log beside {built.log_path})", file=sys.stderr)
             return 1
-        kernel = Kernel(built.cubin, v.name)
-        per_sm = kernel.resident_blocks(v.config.threads) if v.config.walk == "persistent" else None
-        grid = v.grid(problem, sms, per_sm)
-        launch = kernel.prepare(grid, v.config.threads, launch_args(v, problem, x, w, b, y))
+        launcher = Launcher(Candidate(v, built.cubin), sms)
+        launch = launcher.prepare(problem, x, w, b, y)
         for _ in range(a.launches):
             launch()
         torch.cuda.synchronize()
-        kernel.unload()
-        print(f"{v.name}: {a.launches} launches, grid {grid} x {v.config.threads}", flush=True)
+        launcher.unload()
+        print(f"{v.name}: {a.launches} launches, grid {launcher.grid(problem)} x {v.config.threads}", flush=True)
     return 0
 
 
