@@ -44,27 +44,30 @@ def make_builder(cache_dir: Path, arch: str, jobs: int | None):
     return build
 
 
+def _frozen_entry(problem: Problem, out_dir: Path) -> dict | None:
+    """generated/'s manifest entry for this problem, current or not."""
+    m = frz.read_manifest(out_dir)
+    entries = m.get("entries", []) if m.get("schema") == frz.SCHEMA else []
+    return next((e for e in entries if e["key"] == problem.key), None)
+
+
 def frozen_variant(problem: Problem, out_dir: Path) -> Variant | None:
     """The variant generated/ holds for this problem, if its code still matches the templates."""
-    m = frz.read_manifest(out_dir)
-    for e in m.get("entries", []) if m.get("schema") == frz.SCHEMA else []:
-        if e["key"] == problem.key and frz.entry_variant(e).digest == e["digest"]:
-            return frz.entry_variant(e)
-    return None
+    e = _frozen_entry(problem, out_dir)
+    return frz.entry_variant(e) if e and frz.entry_variant(e).digest == e["digest"] else None
 
 
 def previous_config(problem: Problem, out_dir: Path) -> Config | None:
     """The config generated/ last froze for this problem, even when the templates have changed since: a
     re-tune tries it first, so a larger space or an unlucky search does not lose a design that won before."""
-    m = frz.read_manifest(out_dir)
-    for e in m.get("entries", []) if m.get("schema") == frz.SCHEMA else []:
-        if e["key"] == problem.key:
-            try:
-                config = Config(**e["config"])
-            except (TypeError, ValueError):
-                return None  # a config of an older space: nothing to carry over
-            return None if violations(problem, config) else config
-    return None
+    e = _frozen_entry(problem, out_dir)
+    if e is None:
+        return None
+    try:
+        config = Config(**e["config"])
+    except (TypeError, ValueError):
+        return None  # a config of an older space: nothing to carry over
+    return None if violations(problem, config) else config
 
 
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
