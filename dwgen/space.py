@@ -139,9 +139,9 @@ class Variant:
         A persistent grid must be resident all at once, or the blocks of a second wave start only when
         the first have walked all their items; `blocks_per_sm` is what the driver says an SM holds of this
         kernel (registers and shared memory decide). Without it, the thread limit: an upper bound."""
-        items = problem.rows * self.tiles(problem.out_length)
         if self.config.walk == "row":
             return problem.channels * -(-problem.batch // self.config.batches)
+        items = problem.rows * self.tiles(problem.out_length)
         if self.config.walk == "persistent":
             per_sm = blocks_per_sm if blocks_per_sm else max(1, MAX_THREADS_PER_SM // self.config.threads)
             return min(items, sm_count * per_sm)
@@ -245,13 +245,13 @@ def smem_fits(p: Problem, c: Config) -> bool:
 
 def tile_fits_row(p: Problem, c: Config) -> bool:
     """A tile longer than the row leaves most threads idle; allow one warp's worth of vectors at least."""
-    tile = c.threads * c.vec * c.outs * c.run
+    tile = Variant(p, c).tile_outputs
     return tile <= max(p.out_length, 32 * c.vec) or (c.threads == 64 and c.outs == 1 and c.run == 1)
 
 
 def several_tiles_to_walk(p: Problem, c: Config) -> bool:
     """With one tile per row and one row per block, walking the row is the tile walk under another name."""
-    return c.walk != "row" or c.batches > 1 or p.out_length > c.threads * c.vec * c.outs * c.run
+    return c.walk != "row" or c.batches > 1 or p.out_length > Variant(p, c).tile_outputs
 
 
 def batches_need_a_row_walk(p: Problem, c: Config) -> bool:
