@@ -111,11 +111,9 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
         t0 = time.perf_counter()
         for (trial, v), b in zip(pending.values(), builds, strict=True):
             stats.built += 1
-            result = build_result(v, b)
-            if b.ok:
-                result = evaluator.evaluate(Candidate(v, b.cubin), result)
-            else:
+            if not b.ok:
                 stats.build_failed += 1
+            result = check_one(evaluator, v, b)
             st.record(study, trial, result)
             known[v.digest] = (v, result)
             stats.evaluated += 1
@@ -129,14 +127,18 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
     return known, stats
 
 
+def check_one(evaluator: Evaluator, v: Variant, b: Build) -> Result:
+    """A build's result: put through the evaluator's gate and timing when it compiled."""
+    r = build_result(v, b)
+    return evaluator.evaluate(Candidate(v, b.cubin), r) if b.ok else r
+
+
 def check_each(evaluator: Evaluator, variants: list[Variant],
                builds: list[Build]) -> list[tuple[Result, Candidate | None]]:
     """Each built variant through the evaluator's gate and timing: its result, and its candidate when correct."""
     out = []
     for v, b in zip(variants, builds, strict=True):
-        r = build_result(v, b)
-        if b.ok:
-            r = evaluator.evaluate(Candidate(v, b.cubin), r)
+        r = check_one(evaluator, v, b)
         out.append((r, Candidate(v, b.cubin) if r.ok else None))
     return out
 
