@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROUND_BUDGET_MS = 300.0
 
 
-def measure(p: Problem, names: list[str], log) -> list[dict]:
+def measure(p: Problem, names: list[str]) -> list[dict]:
     import torch
 
     x, w, b = check.make_inputs(p, 0)
@@ -163,7 +163,7 @@ def main(argv: list[str]) -> int:
         rows = []
         for p in read_suite(path):
             print(f"{p.key} ...", flush=True)
-            rows += measure(p, names, print)
+            rows += measure(p, names)
         results["suites"][path.stem] = rows
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
