@@ -85,6 +85,10 @@ def _problem_key(x: torch.Tensor, k: int, stride: int, padding: int, dilation: i
 def _validate(x, weight, bias, stride, padding, dilation) -> int:
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError("dwgen: x must be a (batch, channels, length) tensor")
+    # No backward yet: a result cut off from autograd would train silently wrong, so refuse instead.
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, weight, bias)):
+        raise RuntimeError("dwgen: depthwise_conv1d has no backward yet and would return a detached result; "
+                           "call it under torch.no_grad() or use F.conv1d where gradients are needed")
     if not x.is_cuda:
         raise ValueError("dwgen: x must be on a CUDA device; move it with x.cuda()")
     if x.dtype != torch.float32:
