@@ -1,7 +1,8 @@
-"""Compiling: nvcc to cubin in parallel with a content-keyed cache.
+"""Compiling: nvcc to one shared library per variant, in parallel, with a content-keyed cache.
 
-The search never builds a torch extension; the frozen module in generated/ runs its own load_inline,
-since it may import nothing but torch.
+Each library holds a variant's kernel and the host function that launches it (the launch contract); the
+search loads it with ctypes. The search never builds a torch extension; the frozen module in generated/
+compiles the same sources into its own, since it may import nothing but torch.
 """
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ class ToolchainError(RuntimeError):
 
 @dataclass(frozen=True)
 class Build:
-    """What compiling one source produced: a cubin, or a status with the log that explains it."""
+    """What compiling one source produced: a shared library, or a status with the log that explains it."""
 
     name: str
     status: str  # "ok" | "compile_error" | "timeout"
-    cubin: str = ""
+    library: str = ""
     log: str = ""
     log_path: str = ""
     seconds: float = 0.0
@@ -96,22 +97,26 @@ def parse_ptxas(log: str) -> dict:
     }
 
 
-def compile_cubin(name: str, source: str, key: str, cache_dir: Path, arch: str = DEFAULT_ARCH,
-                  timeout_s: float = 120.0) -> Build:
-    """Compile one source to a cubin under cache_dir/key/, reusing a previous build of the same key."""
+def compile_library(name: str, source: str, key: str, cache_dir: Path, arch: str = DEFAULT_ARCH,
+                    timeout_s: float = 120.0) -> Build:
+    """Compile one source to a shared library under cache_dir/key/, reusing a previous build of the same key.
+
+    The CUDA runtime is linked as a shared library: loaded into a torch process, the variant then uses
+    torch's own runtime, its current device and its streams."""
     out_dir = Path(cache_dir) / key
-    cubin = out_dir / f"{name}.cubin"
+    library = out_dir / f"{name}.so"
     log_path = out_dir / f"{name}.log"
-    if cubin.exists() and log_path.exists():
+    if library.exists() and log_path.exists():
         log = log_path.read_text()
-        return Build(name, "ok", str(cubin), log, str(log_path), 0.0, cached=True, **parse_ptxas(log))
+        return Build(name, "ok", str(library), log, str(log_path), 0.0, cached=True, **parse_ptxas(log))
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / f"{name}.cu"
     src.write_text(source)
-    # Compile into a temporary name and rename: a killed build never leaves a half-written cubin.
-    fd, tmp = tempfile.mkstemp(suffix=".cubin", dir=out_dir)
+    # Compile into a temporary name and rename: a killed build never leaves a half-written library.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
-    cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-Xptxas", "-v", "-o", tmp, str(src)]
+    cmd = [nvcc_path(), "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared", f"-arch={arch}", *NVCC_FLAGS,
+           "-Xptxas", "-v", "-o", tmp, str(src)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -126,8 +131,8 @@ def compile_cubin(name: str, source: str, key: str, cache_dir: Path, arch: str =
         err.write_text(log)
         return Build(name, "compile_error", log=log, log_path=str(err), seconds=seconds)
     log_path.write_text(log)
-    os.replace(tmp, cubin)
-    return Build(name, "ok", str(cubin), log, str(log_path), seconds, **parse_ptxas(log))
+    os.replace(tmp, library)
+    return Build(name, "ok", str(library), log, str(log_path), seconds, **parse_ptxas(log))
 
 
 def compile_many(jobs: Iterable[tuple[str, str, str]], cache_dir: Path, arch: str = DEFAULT_ARCH,
@@ -136,5 +141,5 @@ def compile_many(jobs: Iterable[tuple[str, str, str]], cache_dir: Path, arch: st
     jobs = list(jobs)
     workers = workers or max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(compile_cubin, n, s, k, cache_dir, arch) for n, s, k in jobs]
+        futures = [pool.submit(compile_library, n, s, k, cache_dir, arch) for n, s, k in jobs]
         return [f.result() for f in futures]

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from dwgen.problem import Problem, ProblemError
+from dwgen.dtypes import DTYPES, torch_dtype
+from dwgen.problem import Problem
 
-# Error of each output, measured against a bound that scales with the sum of |x|*|w| it adds up,
-# so that cancellation near zero does not count as error. fp32 accumulating K <= 64 terms stays
-# far below this.
-TOLERANCE = {"fp32": 1e-5}
+# Error of each output is measured against a bound that scales with the sum of |x|*|w| it adds up, so
+# that cancellation near zero does not count as error; the bound per dtype is in the dtype table (fp32
+# accumulating K <= 64 terms stays far below it; 16-bit outputs add one rounding to the storage type).
 SEEDS = (0, 1, 2)
 
 
@@ -20,16 +20,52 @@ class CheckOutcome:
     max_rel_error: float
 
 
+def in_layout(t, layout: str):
+    """A (B, C, L) tensor with the same values, laid out in memory as `layout` says (a view of it for blc)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2) if layout == "blc" else t.contiguous()
+
+
+def empty_output(p: Problem, fill: float | None = None, device: str = "cuda"):
+    """The output tensor a call returns: (B, C, Lout) in the problem's layout, NaN-filled when asked."""
+    import torch
+
+    dt = torch_dtype(p.dtype)
+    if p.layout == "blc":
+        y = torch.empty(p.batch, p.out_length, p.channels, device=device, dtype=dt).transpose(1, 2)
+    else:
+        y = torch.empty(p.batch, p.channels, p.out_length, device=device, dtype=dt)
+    if fill is not None:
+        y.fill_(fill)
+    return y
+
+
+GUARD_ELEMENTS = 256  # NaN bands before and after each output under test; a multiple of any vector
+
+
+def guarded_output(p: Problem, device: str = "cuda"):
+    """A NaN-filled output inside NaN guard bands, and a function that says whether the bands are untouched."""
+    import torch
+
+    n, g = p.batch * p.channels * p.out_length, GUARD_ELEMENTS
+    buf = torch.full((n + 2 * g,), float("nan"), device=device, dtype=torch_dtype(p.dtype))
+    inner = buf[g:g + n]
+    if p.layout == "blc":
+        y = inner.view(p.batch, p.out_length, p.channels).transpose(1, 2)
+    else:
+        y = inner.view(p.batch, p.channels, p.out_length)
+    return y, lambda: bool(torch.isnan(buf[:g]).all()) and bool(torch.isnan(buf[g + n:]).all())
+
+
 def make_inputs(p: Problem, seed: int, device: str = "cuda"):
-    """Fresh random x, weight and bias for a problem (never zeros: zeros hide unwritten outputs)."""
+    """Fresh random x, weight and bias in the problem's dtype and layout (never zeros: they hide unwritten outputs)."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
-    dt = torch.float32
-    x = torch.randn(p.batch, p.channels, p.length, generator=g, device=device, dtype=dt)
-    w = torch.randn(p.channels, 1, p.kernel_size, generator=g, device=device, dtype=dt)
-    b = torch.randn(p.channels, generator=g, device=device, dtype=dt) if p.bias else None
-    return x, w, b
+    dt = torch_dtype(p.dtype)
+    x = torch.randn(p.batch, p.channels, p.length, generator=g, device=device).to(dt)
+    w = torch.randn(p.channels, 1, p.kernel_size, generator=g, device=device).to(dt)
+    b = torch.randn(p.channels, generator=g, device=device).to(dt) if p.bias else None
+    return in_layout(x, p.layout), w, b
 
 
 def torch_conv(p: Problem, x, w, b):
@@ -51,7 +87,7 @@ def compare(p: Problem, out, ref, scale) -> CheckOutcome:
     """Every output within tolerance of the float64 reference; NaN (an unwritten output) always fails."""
     import torch
 
-    tol = TOLERANCE[p.dtype]
+    tol = DTYPES[p.dtype].tolerance
     if tuple(out.shape) != tuple(ref.shape):
         return CheckOutcome(False, f"{p.key}: shape {tuple(out.shape)} != {tuple(ref.shape)}", float("inf"))
     err = (out.double() - ref).abs()
@@ -67,30 +103,6 @@ def compare(p: Problem, out, ref, scale) -> CheckOutcome:
             max_rel,
         )
     return CheckOutcome(True, "", max_rel)
-
-
-def edge_problems(p: Problem, tile: int, vec: int) -> list[Problem]:
-    """Sizes that break assumptions: L not a multiple of the vector or tile, L < K, C = 1, B = 1."""
-    sizes = [
-        (1, 1, 1), (1, 1, p.kernel_size - 1), (1, 3, p.kernel_size), (2, 3, 7), (1, 2, 33),
-        (2, 3, tile + vec), (3, 5, 3 * tile - vec), (1, 1, 2 * tile + 1), (2, 1, 4096 + 3), (1, 4, 1000),
-        (p.batch if p.batch <= 4 else 1, 1, p.length), (1, p.channels, min(p.length, 4 * tile)),
-    ]
-    # Padding and bias are run-time arguments of a kernel: check other values than the tuned ones too.
-    others = [(2, 3, tile + 5, 0, not p.bias), (1, 2, 3 * tile + 1, p.kernel_size - 1, p.bias),
-              (1, 3, 999, (p.kernel_size - 1) // 2 * p.dilation, not p.bias)]
-    out: list[Problem] = []
-    candidates = [(b, c, n, p.padding, p.bias) for b, c, n in sizes] + others
-    for b, c, n, pad, bias in candidates:
-        if n < 1:
-            continue
-        try:
-            q = replace(p, batch=b, channels=c, length=n, padding=pad, bias=bias)
-        except ProblemError:
-            continue  # no output at this length with this padding
-        if q not in out and q != p:
-            out.append(q)
-    return out
 
 
 class ReferenceCache:
@@ -119,9 +131,11 @@ def check(p: Problem, run: Callable, seeds=SEEDS, cache: ReferenceCache | None =
     worst = 0.0
     for seed in seeds:
         x, w, b, ref, scale = cache.get(p, seed)
-        y = torch.full((p.batch, p.channels, p.out_length), float("nan"), device=x.device, dtype=x.dtype)
+        y, guards_intact = guarded_output(p, device=x.device)
         run(p, x, w, b, y)
         torch.cuda.synchronize()
+        if not guards_intact():
+            return CheckOutcome(False, f"seed {seed}: {p.key}: wrote outside its output", float("inf"))
         outcome = compare(p, y, ref, scale)
         if not outcome.ok:
             return CheckOutcome(False, f"seed {seed}: {outcome.message}", outcome.max_rel_error)

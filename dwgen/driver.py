@@ -1,96 +1,71 @@
-"""Loading cubins and launching their kernels through the CUDA driver API (ctypes, no extension build)."""
+"""Loading a variant's shared library and calling its launch function (ctypes, no extension build)."""
 from __future__ import annotations
 
+import _ctypes
 import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 
-_lib = None
+from dwgen import contract
+
+_CTYPES = {"in": ctypes.c_void_p, "out": ctypes.c_void_p, "i64": ctypes.c_longlong}
 
 
-class CudaDriverError(RuntimeError):
+class CudaLaunchError(RuntimeError):
     pass
 
 
-def _driver():
-    global _lib
-    if _lib is None:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as e:
-            raise CudaDriverError("libcuda.so.1 not found: this needs an NVIDIA GPU and its driver") from e
-        lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-        lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
-        lib.cuModuleUnload.argtypes = [ctypes.c_void_p]
-        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
-            ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
-        lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
-            ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-        _lib = lib
-    return _lib
+def _error_name(code: int) -> str:
+    try:
+        rt = ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)  # already loaded by torch: no new copy
+        rt.cudaGetErrorName.restype = ctypes.c_char_p
+        return (rt.cudaGetErrorName(code) or b"?").decode()
+    except OSError:
+        return "?"
 
 
-def _check(code: int, what: str) -> None:
-    if code != 0:
-        name = ctypes.c_char_p()
-        _driver().cuGetErrorName(code, ctypes.byref(name))
-        raise CudaDriverError(f"{what} failed: {(name.value or b'?').decode()} ({code})")
+class Library:
+    """One variant's library: its launch function (the launch contract) or another exported launcher."""
 
-
-class Kernel:
-    """One __global__ function of a loaded cubin, launched on torch's current stream."""
-
-    def __init__(self, cubin: str | Path, name: str):
+    def __init__(self, path: str | Path, symbol: str, kinds: Sequence[str] = contract.kinds()):
         import torch
 
-        torch.cuda.init()
-        torch.empty(1, device="cuda")  # makes torch's primary context current on this thread
-        self._image = Path(cubin).read_bytes()  # the driver reads it during the load; keep it alive
-        self._module = ctypes.c_void_p()
-        _check(_driver().cuModuleLoadData(ctypes.byref(self._module), self._image), f"loading {cubin}")
-        self._func = ctypes.c_void_p()
-        _check(_driver().cuModuleGetFunction(ctypes.byref(self._func), self._module, name.encode()),
-               f"finding {name}")
-        self.name = name
+        torch.cuda.init()  # the library uses torch's CUDA runtime: load it and make its context current first
+        torch.empty(1, device="cuda")
+        self.path, self.symbol = str(path), symbol
+        self._lib = ctypes.CDLL(self.path, mode=ctypes.RTLD_LOCAL)
+        self._fn = getattr(self._lib, symbol)
+        self._fn.argtypes = [_CTYPES[k] for k in kinds]
+        self._fn.restype = ctypes.c_int
+        self._kinds = tuple(kinds)
 
-    def resident_blocks(self, threads: int) -> int:
-        """Blocks of this kernel one SM holds at once, as the driver computes it (registers, shared memory)."""
-        n = ctypes.c_int()
-        _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), self._func, threads, 0),
-               f"occupancy of {self.name}")
-        return max(1, n.value)
+    def prepare(self, *values) -> Launch:
+        """A launch with its arguments marshalled once; the stream is torch's current one at each call."""
+        if len(values) != len(self._kinds) - 1:
+            raise TypeError(f"{self.symbol} takes {len(self._kinds) - 1} arguments before the stream")
+        return Launch(self, [_CTYPES[k](_raw(v)) for k, v in zip(self._kinds, values, strict=False)])
 
     def unload(self) -> None:
-        """Free the module now; a search loads thousands and the driver keeps each until told."""
-        if self._module:
-            _check(_driver().cuModuleUnload(self._module), f"unloading {self.name}")
-            self._module = ctypes.c_void_p()
-            self._func = ctypes.c_void_p()
-
-    def prepare(self, grid: int, block: int, args: list) -> Launch:
-        return Launch(self, grid, block, args)
+        """Close the library now; a search loads thousands. Only after its last launch has finished."""
+        if self._lib is not None:
+            _ctypes.dlclose(self._lib._handle)
+            self._lib = self._fn = None
 
 
 class Launch:
-    """A launch with its arguments marshalled once, so repeating it costs one driver call."""
-
-    def __init__(self, kernel: Kernel, grid: int, block: int, args: list):
-        self.kernel, self.grid, self.block = kernel, grid, block
-        self._args = args  # ctypes values; the pointer array below points into them
-        self._params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+    def __init__(self, lib: Library, args: list):
+        self.lib, self._args = lib, args
 
     def __call__(self) -> None:
         import torch
 
-        stream = torch.cuda.current_stream().cuda_stream
-        _check(_driver().cuLaunchKernel(self.kernel._func, self.grid, 1, 1, self.block, 1, 1, 0,
-                                        ctypes.c_void_p(stream), self._params, None),
-               f"launching {self.kernel.name}")
+        code = self.lib._fn(*self._args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        if code != 0:
+            raise CudaLaunchError(f"launching {self.lib.symbol} failed: {_error_name(code)} ({code})")
 
 
-def ptr(t) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
-
-
-def i32(v: int) -> ctypes.c_int:
-    return ctypes.c_int(v)
+def _raw(v):
+    """A tensor's address (0 for None), or the int itself."""
+    if v is None:
+        return 0
+    return v.data_ptr() if hasattr(v, "data_ptr") else int(v)

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dwgen import render
+from dwgen.dtypes import DTYPES
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import NVCC_FLAGS, Config, Variant, generic_variants, signature
+from dwgen.space import NVCC_FLAGS, Variant, generic_key, generic_variants, make_config, signature
 
-SCHEMA = 2
+SCHEMA = 3  # 3: dtypes and layouts, kernels launched through their own launch functions, generic choices inside
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "generated"
 DISPATCH_SOURCE = Path(__file__).resolve().parent / "frozen_dispatch.py"
-LAUNCH_TEMPLATE = "frozen_launch.cu.j2"
-ANY_MAX_BLOCKS = 1 << 20
+LAUNCH_TEMPLATE = "frozen_launch.cpp.j2"
 
 
 class FreezeError(RuntimeError):
@@ -60,18 +60,18 @@ def read_manifest(out_dir: Path = DEFAULT_DIR) -> dict:
 
 
 def _kernel_record(v: Variant) -> dict:
+    """What the frozen dispatch needs to know of a kernel: where it is and what its inputs must satisfy."""
     return {
         "name": v.name,
         "digest": v.digest,
         "file": f"kernels/{v.name}-{v.digest[:12]}.cu",
         "signature": signature(v.problem),
+        "direction": v.family.direction,
         "config": v.config.to_dict(),
-        "threads": v.config.threads,
-        "vec": v.config.vec,
-        "tile_vectors": v.tile_vectors,
-        "walk": v.config.walk,
-        "batches": v.config.batches,
         "align_bytes": v.align_bytes,
+        "channel_multiple": v.channel_multiple,
+        # (B, C, L) kernels read from the vector boundary before a misaligned x; (B, L, C) ones need it aligned
+        "peels_misalignment": v.problem.layout == "bcl",
     }
 
 
@@ -99,14 +99,23 @@ def _entry(w: Winner) -> dict:
 
 
 def entry_variant(e: dict) -> Variant:
-    return Variant(Problem(**e["problem"]), Config(**e["config"]))
+    p = Problem(**e["problem"])
+    return Variant(p, make_config(p, e["config"]))
 
 
-def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print) -> dict:
+def _generic_choices(old: dict, new: dict | None, log) -> dict:
+    """The measured generic designs: the previous manifest's, updated by new measurements (search.generic)."""
+    chosen = dict(old.get("generic", {}).get("chosen", {}))
+    chosen.update(new or {})
+    return chosen
+
+
+def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generic: dict | None = None) -> dict:
     """Merge winners into generated/ (a winner replaces the entry of the same problem) and return the manifest.
 
     Entries carried over from the previous manifest are dropped when the current templates or flags
-    would build a different kernel for them: their numbers no longer describe the code.
+    would build a different kernel for them: their numbers no longer describe the code. `generic` maps
+    generic_key -> {"config": ..., measurements} for fast generic kernels chosen by measurement.
     """
     out_dir = Path(out_dir)
     entries: dict[str, dict] = {}
@@ -114,6 +123,7 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print) -> dic
     if old and old.get("schema") != SCHEMA:
         log(f"dropping {len(old.get('entries', []))} entries of manifest schema {old.get('schema')}; re-tune them")
         old = {}
+    chosen = _generic_choices(old, generic, log)
     for e in old.get("entries", []):
         if entry_variant(e).digest == e["digest"]:
             entries[e["key"]] = e
@@ -123,15 +133,17 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print) -> dic
         e = _entry(w)
         entries[e["key"]] = e
     variants = {v.name: v for v in map(entry_variant, entries.values())}
-    fast = generic_variants()
+    fast = generic_variants({k: c["config"] for k, c in chosen.items()})
     for v in fast:
         variants.setdefault(v.name, v)
     kernels = [_kernel_record(variants[n]) for n in sorted(variants)]
     sources = {k["file"]: render.render_variant(variants[k["name"]]) for k in kernels}
-
-    any_file = f"kernels/{render.ANY_NAME}-{render.any_digest()[:12]}.cu"
-    sources[any_file] = render.render_any()
-    launch_file, launcher = _launcher(kernels)
+    scalar = {}
+    for dtype in DTYPES:
+        rec = _any_record(dtype)
+        scalar[dtype] = rec
+        sources[rec["file"]] = render.render_any(dtype)
+    launch_file, launcher = _launcher(kernels, scalar)
     sources[launch_file] = launcher
 
     manifest = {
@@ -141,9 +153,9 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print) -> dic
         "kernels": kernels,
         "entries": [entries[k] for k in sorted(entries)],
         "generic": {
-            "fast": {str(v.problem.kernel_size): v.name for v in fast},
-            "scalar": {"name": render.ANY_NAME, "digest": render.any_digest(), "file": any_file,
-                       "threads": render.ANY_THREADS},
+            "fast": {generic_key(v.problem): v.name for v in fast},
+            "chosen": chosen,
+            "scalar": scalar,
         },
         "launcher": launch_file,
     }
@@ -158,27 +170,32 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print) -> dic
     return manifest
 
 
-def _launcher(kernels: list[dict]) -> tuple[str, str]:
-    """File name and source of the host launchers for these kernel records (index = position)."""
+def _any_record(dtype: str) -> dict:
+    name, digest = render.any_name(dtype), render.any_digest(dtype)
+    return {"name": name, "digest": digest, "file": f"kernels/{name}-{digest[:12]}.cu"}
+
+
+def _launcher(kernels: list[dict], scalar: dict) -> tuple[str, str]:
+    """File name and source of the dispatcher for these kernel records (index = position)."""
     ctx = {
         "template": LAUNCH_TEMPLATE,
-        "kernels": [{"index": i, **k} for i, k in enumerate(kernels)],
-        "any_name": render.ANY_NAME,
-        "any_threads": render.ANY_THREADS,
-        "any_max_blocks": ANY_MAX_BLOCKS,
+        "kernels": [{"index": i, "name": k["name"]} for i, k in enumerate(kernels)],
+        "any_names": {dtype: rec["name"] for dtype, rec in scalar.items()},
     }
     digest = hashlib.sha256(json.dumps(ctx, sort_keys=True).encode()).hexdigest()
-    return f"launch-{digest[:12]}.cu", render.render_launcher(ctx, digest)
+    return f"launch-{digest[:12]}.cpp", render.render_launcher(ctx, digest)
 
 
-def _source_files(manifest: dict) -> list[str]:
-    return [k["file"] for k in manifest["kernels"]] + [manifest["generic"]["scalar"]["file"], manifest["launcher"]]
+def source_files(manifest: dict) -> list[str]:
+    """Every source the frozen module compiles, each its own translation unit (built in parallel)."""
+    return ([k["file"] for k in manifest["kernels"]] + [r["file"] for r in manifest["generic"]["scalar"].values()]
+            + [manifest["launcher"]])
 
 
 def _collect_garbage(out_dir: Path, manifest: dict) -> None:
     """Remove sources the committed manifest no longer names (only after it is in place)."""
-    keep = set(_source_files(manifest))
-    for path in list((out_dir / "kernels").glob("*.cu")) + list(out_dir.glob("launch-*.cu")):
+    keep = set(source_files(manifest))
+    for path in list((out_dir / "kernels").glob("*.cu")) + list(out_dir.glob("launch-*.c*")):
         if str(path.relative_to(out_dir)) not in keep:
             path.unlink()
 
@@ -193,15 +210,18 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         return [f"schema {m.get('schema')}"]
     stale = [e["key"] for e in m["entries"] if entry_variant(e).digest != e["digest"]]
     # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
-    variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *generic_variants()]}
+    fast_variants = generic_variants({k: c["config"] for k, c in m["generic"]["chosen"].items()})
+    variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *fast_variants]}
     for k in m["kernels"]:
         v = variants.get(k["name"])
         if v is None or v.digest != k["digest"] or (out_dir / k["file"]).read_text() != render.render_variant(v):
             stale.append(k["name"])
-    fast = {str(v.problem.kernel_size): v.name for v in generic_variants()}
-    if m["generic"]["scalar"]["digest"] != render.any_digest() or m["generic"]["fast"] != fast:
+    fast = {generic_key(v.problem): v.name for v in fast_variants}
+    scalar = {dtype: _any_record(dtype) for dtype in DTYPES}
+    if m["generic"]["scalar"] != scalar or m["generic"]["fast"] != fast or any(
+            (out_dir / r["file"]).read_text() != render.render_any(d) for d, r in scalar.items()):
         stale.append("generic")
-    launch_file, launcher = _launcher(m["kernels"])
+    launch_file, launcher = _launcher(m["kernels"], scalar)
     if m["launcher"] != launch_file or (out_dir / launch_file).read_text() != launcher:
         stale.append("launcher")
     if (out_dir / "__init__.py").read_text() != DISPATCH_SOURCE.read_text():

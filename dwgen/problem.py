@@ -4,10 +4,12 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-# Dtypes the kernels can compute today; the others are known names that a later issue adds.
-SUPPORTED_DTYPES = ("fp32",)
-KNOWN_DTYPES = ("fp32", "fp16", "bf16")
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+from dwgen.dtypes import DTYPES
+
+KNOWN_DTYPES = tuple(DTYPES)
+# Memory order of x and y: bcl is (B, C, L) contiguous; blc is (B, L, C) contiguous, the tensor passed
+# as its (B, C, L) view x.transpose(1, 2), as Mamba-style blocks hold it.
+LAYOUTS = ("bcl", "blc")
 
 
 class ProblemError(ValueError):
@@ -32,7 +34,7 @@ def conv_out_length(length: int, kernel_size: int, stride: int, padding: int, di
 
 @dataclass(frozen=True)
 class Problem:
-    """One depthwise conv1d: x (batch, channels, length) contiguous, weight (channels, 1, kernel_size)."""
+    """One depthwise conv1d: x (batch, channels, length) in `layout`'s memory order, weight (channels, 1, K)."""
 
     batch: int
     channels: int
@@ -43,6 +45,7 @@ class Problem:
     dilation: int = 1
     dtype: str = "fp32"
     bias: bool = False
+    layout: str = "bcl"
 
     def __post_init__(self) -> None:
         for name in ("batch", "channels", "length", "kernel_size", "stride", "dilation"):
@@ -55,10 +58,8 @@ class Problem:
             raise ProblemError(f"bias must be True or False, got {self.bias!r}")
         if self.dtype not in KNOWN_DTYPES:
             raise ProblemError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(KNOWN_DTYPES)}")
-        if self.dtype not in SUPPORTED_DTYPES:
-            raise ProblemError(
-                f"dtype {self.dtype} is not supported yet (fp16/bf16 arrive in a later release): use --dtype fp32"
-            )
+        if self.layout not in LAYOUTS:
+            raise ProblemError(f"unknown layout {self.layout!r}: choose one of {', '.join(LAYOUTS)}")
         if self.out_length < 1:
             raise ProblemError(
                 f"no output: length {self.length} with padding {self.padding} is shorter than the "
@@ -82,7 +83,7 @@ class Problem:
 
     @property
     def elem_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        return DTYPES[self.dtype].bytes
 
     @property
     def min_bytes(self) -> int:
@@ -94,7 +95,7 @@ class Problem:
         """Canonical, filename-safe key: equal problems have equal keys, different ones differ."""
         return (
             f"{self.batch}x{self.channels}x{self.length}_k{self.kernel_size}_s{self.stride}"
-            f"_p{self.padding}_d{self.dilation}_{self.dtype}_{'bias' if self.bias else 'nobias'}"
+            f"_p{self.padding}_d{self.dilation}_{self.dtype}_{self.layout}_{'bias' if self.bias else 'nobias'}"
         )
 
     def to_dict(self) -> dict:

@@ -1,18 +1,13 @@
 """The one Jinja2 environment: turns validated variants into CUDA text (the only importer of jinja2)."""
 from __future__ import annotations
 
+import re
+
 import jinja2
 
-from dwgen.space import (
-    ANY_TEMPLATE,
-    AXES,
-    KERNEL_TEMPLATE,
-    NVCC_FLAGS,
-    TEMPLATE_DIR,
-    Variant,
-    content_digest,
-    violations,
-)
+from dwgen import contract
+from dwgen.dtypes import DTYPES, DType
+from dwgen.space import ANY_TEMPLATE, NVCC_FLAGS, TEMPLATE_DIR, Variant, content_digest, violations
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
@@ -23,12 +18,12 @@ _ENV = jinja2.Environment(
     autoescape=False,
 )
 
-# C++ spellings live here and nowhere else.
-_VEC_TYPES = {("fp32", 1): "float", ("fp32", 2): "float2", ("fp32", 4): "float4"}
 _INT_RANGE = (-(2**20), 2**20)
+_TOKEN = re.compile(r"^[a-z0-9_]{1,32}$")
 
 ANY_THREADS = 256
-ANY_NAME = "dw1d_any_f32"
+ANY_MAX_BLOCKS = 1 << 20
+NAIVE_TEMPLATE = "naive.cu.j2"
 
 
 class RenderError(ValueError):
@@ -47,82 +42,96 @@ def _cpp_int(v: int) -> int:
     return v
 
 
-def _enum(v: str, allowed: tuple) -> str:
-    if v not in allowed:
-        raise RenderError(f"{v!r} is not one of {allowed}")
+def _token(v: str) -> str:
+    if type(v) is not str or not _TOKEN.match(v):
+        raise RenderError(f"{v!r} is not a plain token")
     return v
 
 
 def _identifier(name: str) -> str:
     # Names are built from validated tokens; re-check so that no free text can reach the source.
-    if not name.replace("_", "").isalnum() or not name.isascii() or name[0].isdigit():
+    if type(name) is not str or not name.replace("_", "").isalnum() or not name.isascii() or name[0].isdigit():
         raise RenderError(f"{name!r} is not a C identifier")
     return name
 
 
+def _validated(ctx: dict) -> dict:
+    """Every family value as the template may see it: ints in range, bools as C++, tokens, lists of ints."""
+    out = {}
+    for key, v in ctx.items():
+        if type(v) is bool:
+            out[key] = _cpp_bool(v)
+        elif type(v) is int:
+            out[key] = _cpp_int(v)
+        elif type(v) is list:
+            out[key] = [_cpp_int(x) for x in v]
+        else:
+            out[key] = _token(v)
+    return out
+
+
+def _dtype_context(d: DType) -> dict:
+    """C++ spellings of an element type, from the one dtype table."""
+    return {"storage": d.storage, "dtype_header": d.header, "to_float": d.to_float, "from_float": d.from_float}
+
+
 def render_variant(v: Variant) -> str:
-    """CUDA source of one variant; refuses any variant that breaks a restriction."""
+    """CUDA source of one variant (kernel and its host launch function); refuses any invalid variant."""
     bad = violations(v.problem, v.config)
     if bad:
         raise RenderError(f"{v.name} breaks {', '.join(bad)}")
-    p, c = v.problem, v.config
+    d = DTYPES[v.problem.dtype]
     ctx = {
-        "template": KERNEL_TEMPLATE,
+        **_validated(v.family.module.render_context(v.problem, v.config)),
+        **_dtype_context(d),
+        "template": v.family.template,
         "name": _identifier(v.name),
         "digest": v.digest,
-        "threads": _cpp_int(c.threads),
-        "vec": _cpp_int(c.vec),
-        "outs": _cpp_int(c.outs),
-        "batches": _cpp_int(c.batches),
-        "run": _cpp_int(c.run),
-        "tile_vectors": _cpp_int(v.tile_vectors),
-        "kernel_size": _cpp_int(p.kernel_size),
-        "stride": _cpp_int(p.stride),
-        "dilation": _cpp_int(p.dilation),
-        "stream": _cpp_bool(c.stream),
-        "window_vectors": [_cpp_int(v.window_vectors(r)) for r in range(c.vec)],
-        "max_window_vectors": _cpp_int(v.max_window_vectors),
-        "smem_vectors": _cpp_int(v.smem_vectors),
-        "halo": _enum(c.halo, AXES["halo"]),
-        "walk": _enum(c.walk, AXES["walk"]),
-        "vec_type": _VEC_TYPES[(p.dtype, c.vec)],
-        "vec_bytes": _cpp_int(v.align_bytes),
+        "vec_type": d.vector_type(v.config.vec),
+        "launch_params": contract.cpp_params(),
     }
-    return _ENV.get_template(KERNEL_TEMPLATE).render(**ctx)
+    return _ENV.get_template(v.family.template).render(**ctx)
 
 
-def any_digest() -> str:
-    return content_digest({"name": ANY_NAME, "threads": ANY_THREADS, "flags": list(NVCC_FLAGS)}, (ANY_TEMPLATE,))
+def any_name(dtype: str) -> str:
+    return f"dw1d_any_{DTYPES[dtype].token}"
 
 
-def render_any() -> str:
-    """CUDA source of the generic kernel that is correct for every fp32 problem."""
+def any_digest(dtype: str) -> str:
+    return content_digest({"name": any_name(dtype), "threads": ANY_THREADS, "max_blocks": ANY_MAX_BLOCKS,
+                           "flags": list(NVCC_FLAGS)}, (ANY_TEMPLATE,))
+
+
+def render_any(dtype: str) -> str:
+    """CUDA source of the generic kernel that is correct for every problem of one element type, any layout."""
     return _ENV.get_template(ANY_TEMPLATE).render(
-        template=ANY_TEMPLATE, name=ANY_NAME, digest=any_digest(), threads=_cpp_int(ANY_THREADS)
-    )
+        template=ANY_TEMPLATE, name=any_name(dtype), digest=any_digest(dtype), threads=_cpp_int(ANY_THREADS),
+        max_blocks=_cpp_int(ANY_MAX_BLOCKS), **_dtype_context(DTYPES[dtype]))
 
 
-NAIVE_TEMPLATE = "naive.cu.j2"
-NAIVE_NAME = "naive_dw1d_f32"
+def naive_name(dtype: str) -> str:
+    return f"naive_dw1d_{DTYPES[dtype].token}"
 
 
-def render_naive() -> tuple[str, str]:
+def render_naive(dtype: str = "fp32") -> tuple[str, str]:
     """Source and digest of the benchmark's naive CUDA contender."""
-    digest = content_digest({"name": NAIVE_NAME}, (NAIVE_TEMPLATE,))
-    return _ENV.get_template(NAIVE_TEMPLATE).render(template=NAIVE_TEMPLATE, name=NAIVE_NAME, digest=digest), digest
+    name = naive_name(dtype)
+    digest = content_digest({"name": name, "flags": list(NVCC_FLAGS)}, (NAIVE_TEMPLATE,))
+    src = _ENV.get_template(NAIVE_TEMPLATE).render(template=NAIVE_TEMPLATE, name=name, digest=digest,
+                                                   **_dtype_context(DTYPES[dtype]))
+    return src, digest
 
 
 def render_launcher(ctx: dict, digest: str) -> str:
-    """Host launchers of the frozen module, one switch case per specialised kernel."""
+    """The frozen module's dispatcher: a table of the kernels' launch functions and the generic launchers."""
     for k in ctx["kernels"]:
         _identifier(k["name"])
-        for f in ("index", "threads", "vec", "tile_vectors", "batches"):
-            _cpp_int(k[f])
-        _enum(k["walk"], AXES["walk"])
-    _identifier(ctx["any_name"])
-    _cpp_int(ctx["any_threads"])
-    _cpp_int(ctx["any_max_blocks"])
-    return _ENV.get_template(ctx["template"]).render(**ctx, digest=digest)
+        _cpp_int(k["index"])
+    for name in ctx["any_names"].values():
+        _identifier(name)
+    scalar_types = {name: d.aten_scalar for name, d in DTYPES.items()}
+    return _ENV.get_template(ctx["template"]).render(**ctx, digest=digest, launch_types=contract.cpp_types(),
+                                                     scalar_types=scalar_types)
 
 
 def render_text(template_source: str, **ctx) -> str:

@@ -5,7 +5,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from dwgen.problem import KNOWN_DTYPES, Problem, ProblemError
+from dwgen.problem import KNOWN_DTYPES, LAYOUTS, Problem, ProblemError
 
 
 def add_problem_arguments(ap: argparse.ArgumentParser) -> None:
@@ -15,7 +15,9 @@ def add_problem_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--padding", type=int, default=None, help="default: (K-1)/2*dilation, 'same' for odd K")
     ap.add_argument("--dilation", type=int, default=1)
     ap.add_argument("--bias", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--dtype", default="fp32", help=f"one of {', '.join(KNOWN_DTYPES)} (fp32 only for now)")
+    ap.add_argument("--dtype", default="fp32", help=f"one of {', '.join(KNOWN_DTYPES)}")
+    ap.add_argument("--layout", default="bcl", help=f"memory order of x and y: {' or '.join(LAYOUTS)} "
+                    "(blc: (B, L, C) in memory, passed as x.transpose(1, 2))")
 
 
 def problem_from_args(a: argparse.Namespace) -> Problem:
@@ -23,7 +25,7 @@ def problem_from_args(a: argparse.Namespace) -> Problem:
         raise ProblemError("no --shape BxCxL given")
     padding = a.padding if a.padding is not None else (a.kernel_size - 1) // 2 * a.dilation
     return Problem.from_shape(a.shape, kernel_size=a.kernel_size, stride=a.stride, padding=padding,
-                              dilation=a.dilation, dtype=a.dtype, bias=a.bias)
+                              dilation=a.dilation, dtype=a.dtype, bias=a.bias, layout=a.layout)
 
 
 class _LineParser(argparse.ArgumentParser):

@@ -15,41 +15,28 @@ JOB_TIMEOUT_S = 180.0
 
 @dataclass(frozen=True)
 class Candidate:
-    """A variant and the cubin that holds its kernel (a test may hand in any cubin with that name)."""
+    """A variant and the library that holds its kernel and launch function (a test may hand in any library)."""
 
     variant: Variant
-    cubin: str
-
-
-def launch_args(v: Variant, q: Problem, x, w, b, y) -> list:
-    """The kernel's arguments for problem q (any size of v's signature), as ctypes values."""
-    from dwgen.driver import i32, ptr
-
-    return [ptr(x), ptr(w), ptr(b), ptr(y), i32(q.rows), i32(q.channels), i32(q.length), i32(q.out_length),
-            i32(q.padding), i32(v.tiles(q.out_length))]
+    library: str
 
 
 class Launcher:
-    """A loaded kernel and how to launch it on any problem of its signature; unload() after the last launch."""
+    """A variant's loaded library and its launch on any problem of its signature; unload() after the last launch."""
 
-    def __init__(self, cand: Candidate, sm_count: int):
-        from dwgen.driver import Kernel
+    def __init__(self, cand: Candidate):
+        from dwgen import contract
+        from dwgen.driver import Library
 
-        self.variant = v = cand.variant
-        self.kernel = Kernel(cand.cubin, v.name)
-        # A persistent grid is as many blocks as the GPU holds of this kernel: ask the driver once.
-        self._per_sm = self.kernel.resident_blocks(v.config.threads) if v.config.walk == "persistent" else None
-        self._sm_count = sm_count
-
-    def grid(self, q: Problem) -> int:
-        return self.variant.grid(q, self._sm_count, self._per_sm)
+        self.variant = cand.variant
+        self.lib = Library(cand.library, contract.launch_symbol(cand.variant.name))
 
     def prepare(self, q: Problem, x, w, b, y):
-        """One launch on problem q's tensors, marshalled once: call the result to launch."""
-        return self.kernel.prepare(self.grid(q), self.variant.config.threads, launch_args(self.variant, q, x, w, b, y))
+        """One launch on problem q's tensors, through the variant's own launch function: call it to launch."""
+        return self.lib.prepare(x, w, b, y, q.batch, q.channels, q.length, q.out_length, q.padding)
 
     def unload(self) -> None:
-        self.kernel.unload()
+        self.lib.unload()
 
 
 # ---- child side -------------------------------------------------------------------------------------
@@ -64,7 +51,6 @@ class _Bench:
         from dwgen import bench, check
 
         torch.cuda.init()
-        self.sm_count = torch.cuda.get_device_properties(0).multi_processor_count
         self.problem = problem
         self.refs = check.ReferenceCache()
         self.timer = bench.Timer(flush=bench.needs_flush(problem))
@@ -87,13 +73,13 @@ class _Bench:
         from dwgen import check
 
         v = cand.variant
-        launcher = Launcher(cand, self.sm_count)
+        launcher = Launcher(cand)
 
         def run(q, x, w, b, y):
             launcher.prepare(q, x, w, b, y)()
 
         try:
-            problems = [self.problem] + check.edge_problems(self.problem, v.tile_outputs, v.config.vec)
+            problems = [self.problem] + v.edge_problems()
             worst = 0.0
             for q in problems:
                 outcome = check.check(q, run, cache=self.refs)
@@ -101,7 +87,7 @@ class _Bench:
                     return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
                 worst = max(worst, outcome.max_rel_error)
             x, w, b, _, _ = self.refs.get(self.problem, 0)
-            y = torch.empty(self.problem.batch, self.problem.channels, self.problem.out_length, device="cuda")
+            y = check.empty_output(self.problem)
             t = self.timer.time(launcher.prepare(self.problem, x, w, b, y))
         finally:
             torch.cuda.synchronize()  # the module must outlive its last launch
@@ -113,7 +99,7 @@ class _Bench:
         """Re-time the finalists interleaved with copy_ and PyTorch; returns medians by name."""
         import torch
 
-        from dwgen import bench
+        from dwgen import bench, check
 
         p = self.problem
         x, w, b, _, _ = self.refs.get(p, 0)
@@ -121,9 +107,9 @@ class _Bench:
         outs, launchers = [], []
         try:
             for c in cands:
-                y = torch.empty(p.batch, p.channels, p.out_length, device="cuda")
+                y = check.empty_output(p)
                 outs.append(y)
-                launchers.append(Launcher(c, self.sm_count))
+                launchers.append(Launcher(c))
                 fns[c.variant.name] = launchers[-1].prepare(p, x, w, b, y)
             timings = self.timer.time_interleaved(fns, rounds)
         finally:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from dwgen.problem import ProblemError
-from dwgen.space import AXES, Variant, config_from_name, violations
+from dwgen.space import Variant, config_from_name, family_of, violations
 from dwgen.suite import add_problem_arguments, problem_from_args
 
 RETIME_ROUNDS = 60
@@ -25,7 +25,7 @@ def widen(variants: list[Variant], axes: list[str]) -> list[Variant]:
     for v in variants:
         grown = [v.config]
         for axis in axes:
-            grown = [dataclasses.replace(c, **{axis: value}) for c in grown for value in AXES[axis]]
+            grown = [dataclasses.replace(c, **{axis: value}) for c in grown for value in v.family.axes[axis]]
         for c in grown:
             if not violations(v.problem, c):
                 w = Variant(v.problem, c)
@@ -38,16 +38,18 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(ap)
     ap.add_argument("names", nargs="+", help="variant names, e.g. dw1d_f32_k3_t128_v4_o2_l1")
-    ap.add_argument("--vary", default="", help=f"comma-separated axes to widen each variant along: {', '.join(AXES)}")
+    ap.add_argument("--vary", default="", help="comma-separated axes of the problem's family to widen each variant "
+                    "along, e.g. threads,halo")
     ap.add_argument("--rounds", type=int, default=RETIME_ROUNDS)
     ap.add_argument("--jobs", type=int, default=None)
     a = ap.parse_args(argv)
     axes = [x for x in a.vary.split(",") if x]
     try:
         problem = problem_from_args(a)
-        unknown = [x for x in axes if x not in AXES]
+        family_axes = family_of(problem).axes
+        unknown = [x for x in axes if x not in family_axes]
         if unknown:
-            raise ProblemError(f"unknown axis {unknown[0]!r} in --vary; choose from {', '.join(AXES)}")
+            raise ProblemError(f"unknown axis {unknown[0]!r} in --vary; choose from {', '.join(family_axes)}")
         variants = [Variant(problem, config_from_name(n, problem)) for n in a.names]
     except (ProblemError, ValueError) as e:
         print(f"python -m search.compare: {e}", file=sys.stderr)

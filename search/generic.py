@@ -1,53 +1,58 @@
-"""python -m search.generic: choose, by measurement, the fast generic kernel of each K for untuned problems.
+"""python -m search.generic: choose, by measurement, the fast generic kernel of each (dtype, layout, K).
 
-Most users never tune their shape; the frozen module then runs one generic kernel per K (stride 1,
-dilation 1, any length, padding and bias). For each K this checks and times a few candidate designs on
-training shapes (chosen apart from benchmarks/untuned.txt, which stays a held-out test), and keeps the
-design with the best geometric mean of x copy. The choices go to dwgen/generic.json; the next freeze
-(python tune.py) builds them into generated/.
+Most users never tune their shape; the frozen module then runs one generic kernel per (dtype, layout, K)
+(stride 1, dilation 1, any length, padding and bias). For each, this checks and times a few candidate
+designs on training shapes (chosen apart from benchmarks/untuned.txt, which stays a held-out test), keeps
+the design with the best geometric mean of x copy, and freezes the choices into generated/ (its manifest
+records them; nothing else is written).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from pathlib import Path
 
-from dwgen.freeze import atomic_write
-from dwgen.problem import Problem
-from dwgen.space import GENERIC_FILE, GENERIC_KERNEL_SIZES, Config, Variant, generic_problem, violations
-
-# Designs that measured well on some suite shape (docs/perf-notes.md); each is valid for every K <= 9.
-CANDIDATES: tuple[Config, ...] = (
-    Config(threads=128, vec=4, outs=2, halo="shfl"),
-    Config(threads=128, vec=4, outs=2, halo="l1"),
-    Config(threads=64, vec=4, outs=2, halo="l1"),
-    Config(threads=128, vec=4, outs=4, halo="l1"),
-    Config(threads=128, vec=4, outs=2, walk="row", halo="l1"),
-    Config(threads=256, vec=4, outs=1, walk="row", halo="async"),
-    Config(threads=128, vec=4, outs=2, walk="persistent", halo="async"),
-)
+from dwgen.dtypes import DTYPES
+from dwgen.families import bcl, blc
+from dwgen.problem import LAYOUTS, Problem
+from dwgen.space import GENERIC_KERNEL_SIZES, Variant, generic_key, generic_problem, violations
 
 
-def training_problems(k: int) -> list[Problem]:
+def candidates(dtype: str, layout: str) -> list:
+    """Designs that measured well on some suite shape (docs/perf-notes.md), with the dtype's 16-byte vector."""
+    v = DTYPES[dtype].max_vec
+    if layout == "blc":
+        return [blc.Config(threads=t, vec=v, outs=o, cthreads=ct)
+                for t, o, ct in ((128, 4, 32), (256, 4, 32), (128, 2, 64), (256, 8, 64), (128, 8, 32))]
+    return [bcl.Config(threads=128, vec=v, outs=2, halo="shfl"), bcl.Config(threads=128, vec=v, outs=2, halo="l1"),
+            bcl.Config(threads=64, vec=v, outs=2, halo="l1"), bcl.Config(threads=128, vec=v, outs=4, halo="l1"),
+            bcl.Config(threads=256, vec=v, outs=1, walk="row", halo="async"),
+            bcl.Config(threads=128, vec=v, outs=2, walk="persistent", halo="async")]
+
+
+def training_problems(k: int, dtype: str, layout: str) -> list[Problem]:
     """Two large shapes per K, odd and even lengths, none of them in the benchmark's untuned suite."""
-    return [Problem(8, 1024, 4000, k, 1, (k - 1) // 2), Problem(2, 2048, 12289, k, 1, k // 2, bias=True)]
+    return [Problem(8, 1024, 4000, k, 1, (k - 1) // 2, dtype=dtype, layout=layout),
+            Problem(2, 2048, 12289, k, 1, k // 2, dtype=dtype, bias=True, layout=layout)]
 
 
-def choose(k: int, build, log=print, rounds: int = 40) -> dict:
-    """Measure every candidate for K on each training shape; return the winner's record."""
+def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) -> dict:
+    """Measure every candidate on each training shape; return the winner's record."""
     from dwgen.worker import GpuWorker
     from search.loop import check_each
 
-    variants = [Variant(generic_problem(k), c) for c in CANDIDATES if not violations(generic_problem(k), c)]
+    stand_in = generic_problem(k, dtype, layout)
+    variants = [Variant(stand_in, c) for c in candidates(dtype, layout) if not violations(stand_in, c)]
     builds = build(variants)
     scores: dict[str, list[float]] = {v.name: [] for v in variants}
     shapes = []
-    for p in training_problems(k):
+    machine: dict = {}
+    for p in training_problems(k, dtype, layout):
         worker = GpuWorker(p)
         try:
+            machine = machine or worker.machine()
             passed = []
             for r, cand in check_each(worker, variants, builds):
                 if cand is not None:
@@ -62,14 +67,26 @@ def choose(k: int, build, log=print, rounds: int = 40) -> dict:
         for name in list(scores):
             scores[name].append(times[name] / times["copy_"])
     if not scores:
-        raise RuntimeError(f"no generic candidate passed its check for K={k}")
+        raise RuntimeError(f"no generic candidate passed its check for {generic_key(stand_in)}")
     geo = {n: math.exp(sum(map(math.log, xs)) / len(xs)) for n, xs in scores.items()}
     for n in sorted(geo, key=geo.get):
-        log(f"  K={k} {n:40s} " + " ".join(f"{x:.3f}" for x in scores[n]) + f"  geomean {geo[n]:.3f}x copy")
+        log(f"  {n:44s} " + " ".join(f"{x:.3f}" for x in scores[n]) + f"  geomean {geo[n]:.3f}x copy")
     best = min(geo, key=geo.get)
     v = next(v for v in variants if v.name == best)
     return {"kernel": best, "config": v.config.to_dict(), "x_copy": dict(zip(shapes, scores[best], strict=True)),
-            "geomean_x_copy": geo[best]}
+            "geomean_x_copy": geo[best], "machine": machine}
+
+
+def _csv(text: str, allowed: tuple, what: str, cast=str) -> list:
+    try:
+        values = [cast(x) for x in text.split(",") if x]
+    except ValueError:
+        raise ValueError(f"{what} must be a comma-separated list of {', '.join(map(str, allowed))}") from None
+    bad = [x for x in values if x not in allowed]
+    if bad or not values:
+        raise ValueError(f"{what}: {bad[0] if bad else 'nothing'} has no generic kernel; choose from "
+                         f"{', '.join(map(str, allowed))}")
+    return values
 
 
 def main(argv: list[str]) -> int:
@@ -77,17 +94,19 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel-sizes", default=",".join(map(str, GENERIC_KERNEL_SIZES)),
                     help="comma-separated K values to (re)choose; the others keep their choice")
-    ap.add_argument("--out", type=Path, default=GENERIC_FILE)
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--out", type=Path, default=None, help="the frozen module to update (default generated/)")
     ap.add_argument("--jobs", type=int, default=None)
     a = ap.parse_args(argv)
     try:
-        ks = [int(x) for x in a.kernel_sizes.split(",") if x]
-        bad = [k for k in ks if k not in GENERIC_KERNEL_SIZES]
-        if bad:
-            raise ValueError(f"K={bad[0]} has no generic kernel; choose from {GENERIC_KERNEL_SIZES}")
+        ks = _csv(a.kernel_sizes, GENERIC_KERNEL_SIZES, "--kernel-sizes", int)
+        dtypes = _csv(a.dtypes, tuple(DTYPES), "--dtypes")
+        layouts = _csv(a.layouts, LAYOUTS, "--layouts")
     except ValueError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
         return 2
+    from dwgen import freeze
     from search import workflow
 
     try:
@@ -95,22 +114,26 @@ def main(argv: list[str]) -> int:
     except workflow.UserError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
         return 1
-    from dwgen.worker import machine_info
-
-    data = json.loads(a.out.read_text()) if a.out.exists() else {}
-    chosen = data.setdefault("fp32", {})
+    out = a.out or freeze.DEFAULT_DIR
     t0 = time.perf_counter()
-    for k in ks:
-        print(f"K={k}: {len(CANDIDATES)} candidates on {', '.join(p.key for p in training_problems(k))}", flush=True)
-        chosen[str(k)] = choose(k, build)
-        # Written after every K: an interrupted run keeps what it measured.
-        data["machine"] = machine_info()
-        data["note"] = "written by python -m search.generic; the fast generic config of each K, by measurement"
-        atomic_write(a.out, json.dumps(data, indent=2, sort_keys=True) + "\n")
-    print(f"\n{'K':>2s} {'kernel':40s} {'geomean x copy':>15s}")
-    for k in ks:
-        print(f"{k:2d} {chosen[str(k)]['kernel']:40s} {chosen[str(k)]['geomean_x_copy']:15.3f}")
-    print(f"wrote {a.out} in {time.perf_counter() - t0:.0f} s; run tune.py to freeze the new choices")
+    chosen: dict[str, dict] = {}
+    try:
+        for dtype in dtypes:
+            for layout in layouts:
+                for k in ks:
+                    key = generic_key(generic_problem(k, dtype, layout))
+                    print(f"{key}: candidates on "
+                          f"{', '.join(p.key for p in training_problems(k, dtype, layout))}", flush=True)
+                    chosen[key] = choose(k, dtype, layout, build)
+                # Frozen (through the gate) after every (dtype, layout): an interrupted run keeps its measurements.
+                workflow.freeze_gated([], out, generic=chosen)
+    except workflow.UserError as e:
+        print(f"python -m search.generic: {e}", file=sys.stderr)
+        return 1
+    print(f"\n{'generic kernel':14s} {'kernel':44s} {'geomean x copy':>15s}")
+    for key, rec in chosen.items():
+        print(f"{key:14s} {rec['kernel']:44s} {rec['geomean_x_copy']:15.3f}")
+    print(f"froze {len(chosen)} generic choices into {out} in {time.perf_counter() - t0:.0f} s")
     return 0
 
 

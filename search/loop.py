@@ -12,7 +12,7 @@ import optuna
 from dwgen.build import Build
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import Config, Variant, known_good, violations
+from dwgen.space import Variant, known_good, make_config, violations
 from dwgen.worker import Candidate
 from search import study as st
 from search.samplers import SpaceSampler
@@ -56,20 +56,21 @@ def build_result(v: Variant, b: Build) -> Result:
 
 
 def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Evaluator, *, trials: int,
-           timeout_s: float | None = None, batch: int | None = None, seeds: Sequence[Config] = (),
+           timeout_s: float | None = None, batch: int | None = None, seeds: Sequence = (),
            log: Callable[[str], None] = print) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
     """Evaluate up to `trials` new variants; returns every variant measured in this study, by digest.
 
     A new study tries `seeds` first (such as the previous winner), then the known-good designs."""
     batch = batch or max(4, min(32, os.cpu_count() or 4))
     stats = SearchStats()
-    known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study).items()}
+    known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study, problem).items()}
     if known:
         log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
     else:
         for c in [*seeds, *known_good(problem)]:
             study.enqueue_trial(c.to_dict(), skip_if_exists=True)
     sampler = study.sampler
+    distributions = st.distributions(problem)
     deadline = time.monotonic() + timeout_s if timeout_s else None
     idle = 0
     exhausted = False
@@ -84,10 +85,10 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
             if isinstance(sampler, SpaceSampler) and sampler.is_exhausted(study):
                 exhausted = True
                 break
-            trial = study.ask(st.DISTRIBUTIONS)
+            trial = study.ask(distributions)
             stats.asked += 1
             idle += 1
-            config = Config(**trial.params)
+            config = make_config(problem, trial.params)
             bad = violations(problem, config)
             if bad:
                 st.record_skip(study, trial, bad)
@@ -130,7 +131,7 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
 def check_one(evaluator: Evaluator, v: Variant, b: Build) -> Result:
     """A build's result: put through the evaluator's gate and timing when it compiled."""
     r = build_result(v, b)
-    return evaluator.evaluate(Candidate(v, b.cubin), r) if b.ok else r
+    return evaluator.evaluate(Candidate(v, b.library), r) if b.ok else r
 
 
 def check_each(evaluator: Evaluator, variants: list[Variant],
@@ -139,7 +140,7 @@ def check_each(evaluator: Evaluator, variants: list[Variant],
     out = []
     for v, b in zip(variants, builds, strict=True):
         r = check_one(evaluator, v, b)
-        out.append((r, Candidate(v, b.cubin) if r.ok else None))
+        out.append((r, Candidate(v, b.library) if r.ok else None))
     return out
 
 
@@ -161,7 +162,7 @@ def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: 
     names = {v.name for v, _ in top}
     top += [known[v.digest] for v in extra if v.digest in known and known[v.digest][1].ok and v.name not in names]
     builds = build([v for v, _ in top])  # cached: costs nothing unless resumed on another machine
-    cands = [Candidate(v, b.cubin) for (v, _), b in zip(top, builds, strict=True) if b.ok]
+    cands = [Candidate(v, b.library) for (v, _), b in zip(top, builds, strict=True) if b.ok]
     times = evaluator.retime(cands, rounds)
     scored = [(v, r) for v, r in top if v.name in times]
     v, r = min(scored, key=lambda vr: times[vr[0].name])

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
 
     import torch
 
-    from dwgen.check import make_inputs
+    from dwgen.check import empty_output, make_inputs
     from dwgen.worker import Candidate, Launcher
     from search import workflow
 
@@ -44,20 +44,19 @@ def main(argv: list[str]) -> int:
     except workflow.UserError as e:
         print(f"python -m search.profile: {e}", file=sys.stderr)
         return 1
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     x, w, b = make_inputs(problem, 0)
-    y = torch.empty(problem.batch, problem.channels, problem.out_length, device="cuda")
+    y = empty_output(problem)
     for v, built in zip(variants, build(variants), strict=True):
         if not built.ok:
             print(f"{v.name}: {built.status} (log beside {built.log_path})", file=sys.stderr)
             return 1
-        launcher = Launcher(Candidate(v, built.cubin), sms)
+        launcher = Launcher(Candidate(v, built.library))
         launch = launcher.prepare(problem, x, w, b, y)
         for _ in range(a.launches):
             launch()
         torch.cuda.synchronize()
         launcher.unload()
-        print(f"{v.name}: {a.launches} launches, grid {launcher.grid(problem)} x {v.config.threads}", flush=True)
+        print(f"{v.name}: {a.launches} launches of {v.config.threads} threads a block", flush=True)
     return 0
 
 

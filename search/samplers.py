@@ -7,7 +7,7 @@ from collections.abc import Callable
 import optuna
 
 from dwgen.problem import Problem
-from dwgen.space import AXES, enumerate_space
+from dwgen.space import enumerate_space, family_of
 
 
 class SpaceSampler(optuna.samplers.BaseSampler):
@@ -19,14 +19,15 @@ class SpaceSampler(optuna.samplers.BaseSampler):
     with those it has not seen."""
 
     def __init__(self, problem: Problem, seed: int):
-        self._order = [tuple(getattr(v.config, a) for a in AXES) for v in enumerate_space(problem)]
+        self._axes = axes = family_of(problem).axes
+        self._order = [tuple(getattr(v.config, a) for a in axes) for v in enumerate_space(problem)]
         random.Random(seed).shuffle(self._order)
-        self._space = {a: optuna.distributions.CategoricalDistribution(list(vals)) for a, vals in AXES.items()}
+        self._space = {a: optuna.distributions.CategoricalDistribution(list(vals)) for a, vals in axes.items()}
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
 
     def _next(self, study: optuna.Study) -> tuple | None:
         # Trials being evaluated hold their params already, so a batch of asks never repeats one.
-        seen = {tuple(t.params.get(a) for a in AXES) for t in study.get_trials(deepcopy=False)}
+        seen = {tuple(t.params.get(a) for a in self._axes) for t in study.get_trials(deepcopy=False)}
         return next((c for c in self._order if c not in seen), None)
 
     def is_exhausted(self, study: optuna.Study) -> bool:
@@ -37,7 +38,7 @@ class SpaceSampler(optuna.samplers.BaseSampler):
 
     def sample_relative(self, study, trial, search_space) -> dict:
         nxt = self._next(study)
-        return {} if nxt is None else dict(zip(AXES, nxt, strict=True))
+        return {} if nxt is None else dict(zip(self._axes, nxt, strict=True))
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         # Only reached once the space is used up (the search loop stops asking before that).

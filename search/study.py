@@ -10,14 +10,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import AXES, LAUNCH_RULES, Config
+from dwgen.space import FAMILIES, LAUNCH_RULES, family_of, make_config
 from search.samplers import make_sampler
 
 DEFAULT_RUNS_DIR = Path("runs")
-DISTRIBUTIONS = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in AXES.items()}
 # Studies are per problem and per version of the axes and launch rules: a changed space starts a new study.
-SPACE_TAG = hashlib.sha256(json.dumps({**{k: list(v) for k, v in AXES.items()},
-                                      "launch_rules": LAUNCH_RULES}).encode()).hexdigest()[:8]
+SPACE_TAG = hashlib.sha256(json.dumps({"axes": {f"{d}_{lay}": {k: list(v) for k, v in f.axes.items()}
+                                                for (d, lay), f in FAMILIES.items()},
+                                       "launch_rules": LAUNCH_RULES}).encode()).hexdigest()[:8]
+
+
+def distributions(p: Problem) -> dict:
+    """Optuna's view of the problem's family axes."""
+    return {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in family_of(p).axes.items()}
 
 RESULT_ATTR = "result"
 SKIP_ATTR = "skipped"
@@ -46,13 +51,13 @@ def trial_result(t: FrozenTrial) -> Result | None:
     return Result.from_dict(raw) if raw else None
 
 
-def measured(study: optuna.Study) -> dict[str, tuple[Config, Result]]:
+def measured(study: optuna.Study, p: Problem) -> dict[str, tuple[object, Result]]:
     """Every variant this study already built or evaluated, by digest (skips and duplicates excluded)."""
-    out: dict[str, tuple[Config, Result]] = {}
+    out: dict[str, tuple[object, Result]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         r = trial_result(t)
         if r is not None and not t.user_attrs.get("duplicate"):
-            out.setdefault(r.digest, (Config(**t.params), r))
+            out.setdefault(r.digest, (make_config(p, t.params), r))
     return out
 
 

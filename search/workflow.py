@@ -1,6 +1,10 @@
 """Wiring of a tuning run: per problem a study, builds, a GPU worker, search and decision; then one freeze."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -8,9 +12,11 @@ from dwgen import build as builder
 from dwgen import freeze as frz
 from dwgen import render
 from dwgen.problem import Problem
-from dwgen.space import Config, Variant, violations
+from dwgen.space import Variant, make_config, violations
 from search import loop
 from search import study as st
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class UserError(RuntimeError):
@@ -57,21 +63,21 @@ def frozen_variant(problem: Problem, out_dir: Path) -> Variant | None:
     return frz.entry_variant(e) if e and frz.entry_variant(e).digest == e["digest"] else None
 
 
-def previous_config(problem: Problem, out_dir: Path) -> Config | None:
+def previous_config(problem: Problem, out_dir: Path):
     """The config generated/ last froze for this problem, even when the templates have changed since: a
     re-tune tries it first, so a larger space or an unlucky search does not lose a design that won before."""
     e = _frozen_entry(problem, out_dir)
     if e is None:
         return None
     try:
-        config = Config(**e["config"])
+        config = make_config(problem, e["config"])
     except (TypeError, ValueError):
         return None  # a config of an older space: nothing to carry over
     return None if violations(problem, config) else config
 
 
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
-                 storage: str | None, build, frozen: Variant | None, seeds: tuple[Config, ...] = (),
+                 storage: str | None, build, frozen: Variant | None, seeds: tuple = (),
                  log=print) -> frz.Winner | None:
     """Search one problem and decide its winner; None when no variant was correct."""
     from dwgen.worker import GpuWorker
@@ -108,6 +114,27 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
     return frz.Winner(v, r, machine)
 
 
+def freeze_gated(winners: list[frz.Winner], out_dir: Path, generic: dict | None = None, log=print) -> dict:
+    """Freeze into a copy of out_dir, run the gate on that copy's built module, and only then into out_dir.
+
+    The gate runs in its own process (a kernel that kills its CUDA context costs the gate, not the tune);
+    when any check fails, out_dir is left exactly as it was."""
+    with tempfile.TemporaryDirectory(prefix="dwgen-stage-") as tmp:
+        stage = Path(tmp) / "generated"
+        if Path(out_dir).exists():
+            shutil.copytree(out_dir, stage)
+        frz.freeze(winners, stage, log=log, generic=generic)
+        log(f"gate: building the frozen module and checking every kernel through it ({stage})")
+        proc = subprocess.run([sys.executable, "-m", "dwgen.gate", str(stage)], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for line in proc.stdout.splitlines():
+            if line.startswith(("FAILED", "gate:")) or proc.returncode:
+                log(line)
+        if proc.returncode != 0:
+            raise UserError(f"the frozen module failed its gate; {out_dir} is unchanged (see the lines above)")
+    return frz.freeze(winners, out_dir, log=log, generic=generic)
+
+
 def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampler: str, seed: int,
          storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print) -> int:
     build = gpu_builder(runs_dir, jobs)
@@ -130,6 +157,6 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
         r = w.result
         log(f"{w.variant.problem.key:44s} {w.variant.name:40s} {r.kernel_ms:9.4f} {r.x_copy:7.3f} {r.speedup:7.2f}x")
     if freeze and winners:
-        frz.freeze(winners, out_dir, log=log)
+        freeze_gated(winners, out_dir, log=log)
         log(f"froze {len(winners)} winner(s) into {out_dir}")
     return 0 if len(winners) == len(problems) else 1

@@ -3,8 +3,11 @@ from __future__ import annotations
 import pytest
 
 from dwgen import build, render
+from dwgen.dtypes import DTYPES
+from dwgen.families import blc
+from dwgen.families.bcl import Config
 from dwgen.problem import Problem
-from dwgen.space import Config, Variant
+from dwgen.space import Variant
 
 pytestmark = pytest.mark.nvcc
 
@@ -17,27 +20,30 @@ SAMPLE = [
     Variant(Problem(32, 512, 1024, 31, 1, 15), Config(threads=128, vec=4, outs=1, run=2, halo="smem")),
     Variant(Problem(16, 1024, 4096, 7, 1, 3, bias=True), Config(threads=64, vec=1, outs=4, walk="row")),
     Variant(Problem(2, 8, 1000, 5, 1, 4, 2), Config(threads=64, vec=2, outs=2, halo="shfl")),
+    Variant(Problem(8, 512, 4096, dtype="bf16"), Config(threads=128, vec=8, outs=2, walk="row", halo="async")),
+    Variant(Problem(8, 512, 4096, 31, 1, 15, dtype="fp16"), Config(threads=64, vec=8, outs=1, halo="smem")),
+    Variant(Problem(8, 512, 2048, 4, 1, 3, dtype="bf16", layout="blc"), blc.Config(threads=256, vec=8, outs=4)),
 ]
 
 
 def test_sample_compiles_with_resources(tmp_path):
     jobs = [(v.name, render.render_variant(v), build.build_key(v.digest, "sm_90")) for v in SAMPLE]
-    jobs.append((render.ANY_NAME, render.render_any(), build.build_key(render.any_digest(), "sm_90")))
+    jobs += [(render.any_name(d), render.render_any(d), build.build_key(render.any_digest(d), "sm_90")) for d in DTYPES]
     results = build.compile_many(jobs, tmp_path, workers=2)
     for b in results:
         assert b.ok, b.log
         # ptxas spills a few bytes in some walks (docs/perf-notes.md); a spilled register window is hundreds
         assert 0 < b.registers <= 255 and 0 <= b.spill_bytes <= 64, b.name
-    assert results[3].smem_bytes == SAMPLE[3].smem_bytes > 0  # the shared stage is the size we computed
+    assert results[3].smem_bytes == SAMPLE[3].tiling.smem_bytes > 0  # the shared stage is the size we computed
     again = build.compile_many(jobs[:2], tmp_path)
     assert all(b.cached for b in again)
 
 
 def test_compile_error_is_a_status_with_saved_log(tmp_path):
-    b = build.compile_cubin("broken", "extern \"C\" __global__ void broken() { undeclared(); }", "k", tmp_path)
+    b = build.compile_library("broken", "extern \"C\" __global__ void broken() { undeclared(); }", "k", tmp_path)
     assert b.status == "compile_error" and not b.ok and "undeclared" in b.log
     assert (tmp_path / "k" / "broken.error.log").exists() and (tmp_path / "k" / "broken.cu").exists()
-    assert not list((tmp_path / "k").glob("*.cubin"))
+    assert not list((tmp_path / "k").glob("*.so"))
 
 
 def test_ptxas_report_parsed():

@@ -7,9 +7,10 @@ import sys
 import pytest
 
 from dwgen import freeze, render
+from dwgen.families.bcl import Config
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import Config, Variant
+from dwgen.space import Variant
 
 MACHINE = {"gpu": "NVIDIA H200", "capability": "9.0", "driver": "580", "torch": "2.11", "cuda": "13.0",
            "date": "2026-11-30", "sm_count": 132}
@@ -39,8 +40,11 @@ def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
     assert e["machine"]["gpu"] == "NVIDIA H200"
     kernels = {k["name"]: k for k in m["kernels"]}
     assert (tmp_path / kernels[w.variant.name]["file"]).read_text() == render.render_variant(w.variant)
-    assert (tmp_path / m["generic"]["scalar"]["file"]).read_text() == render.render_any()
-    assert [int(k) for k in m["generic"]["fast"]] == list(range(1, 10))
+    for dtype, rec in m["generic"]["scalar"].items():
+        assert (tmp_path / rec["file"]).read_text() == render.render_any(dtype)
+    # one fast generic kernel per dtype, layout and K <= 9
+    assert sorted(m["generic"]["fast"]) == sorted(f"{d}_{lay}_k{k}" for d in ("fp32", "fp16", "bf16")
+                                                  for lay in ("bcl", "blc") for k in range(1, 10))
     assert all(name in kernels for name in m["generic"]["fast"].values())
     assert json.loads((tmp_path / "manifest.json").read_text()) == m
     assert freeze.stale_entries(tmp_path) == []
@@ -78,7 +82,7 @@ def test_crash_mid_freeze_leaves_previous_module_intact(tmp_path, monkeypatch):
     for rel, data in before.items():
         assert (tmp_path / rel).read_bytes() == data, rel
     m = json.loads((tmp_path / "manifest.json").read_text())
-    for f in freeze._source_files(m):
+    for f in freeze.source_files(m):
         assert (tmp_path / f).exists()
     assert not list(tmp_path.rglob(".*.tmp*")) and not [p for p in tmp_path.rglob(".manifest.json.*")]
 
@@ -97,7 +101,7 @@ def test_stale_entry_detected_when_template_changes(tmp_path, monkeypatch):
 
     real = space.template_text
     monkeypatch.setattr(space, "template_text", lambda n: real(n) + "// edited\n")
-    assert "32x512x8192_k3_s1_p1_d1_fp32_nobias" in freeze.stale_entries(tmp_path)
+    assert "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias" in freeze.stale_entries(tmp_path)
     # and a later freeze drops the entry whose numbers no longer describe its code
     dropped = []
     m = freeze.freeze([winner(Problem(1, 768, 512), Config(threads=128))], tmp_path, log=dropped.append)

@@ -39,7 +39,7 @@ def test_out_length_matches_torch(L, K, S, P, D):
         ({"dilation": 0}, "dilation must be"),
         ({"padding": -1}, "padding must be a non-negative"),
         ({"length": 2, "kernel_size": 5, "padding": 0}, "no output"),
-        ({"dtype": "fp16"}, "not supported yet"),
+        ({"layout": "nhwc"}, "unknown layout"),
         ({"dtype": "int8"}, "unknown dtype"),
         ({"batch": 2.0}, "batch must be a positive integer"),
         ({"bias": 1}, "bias must be True or False"),
@@ -54,10 +54,11 @@ def test_nonsense_refused_in_one_line(kw, msg):
 
 def test_key_is_canonical_and_distinct():
     a = Problem(32, 512, 8192, 3, 1, 1, 1)
-    assert a.key == "32x512x8192_k3_s1_p1_d1_fp32_nobias"
+    assert a.key == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias"
     assert a.key == Problem.from_shape("32x512x8192").key
     variants = {a, Problem(32, 512, 8192, 3, 2, 1, 1), Problem(32, 512, 8192, 3, 1, 1, 1, bias=True),
-                Problem(32, 512, 8192, 3, 1, 2, 1), Problem(32, 512, 8192, 3, 1, 1, 2)}
+                Problem(32, 512, 8192, 3, 1, 2, 1), Problem(32, 512, 8192, 3, 1, 1, 2),
+                Problem(32, 512, 8192, 3, 1, 1, 1, "bf16"), Problem(32, 512, 8192, 3, 1, 1, 1, layout="blc")}
     assert len({p.key for p in variants}) == 5
 
 

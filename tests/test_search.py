@@ -6,10 +6,11 @@ import json
 import pytest
 
 from dwgen.build import Build
+from dwgen.families.bcl import Config
+from dwgen.freeze import SCHEMA
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.freeze import SCHEMA
-from dwgen.space import Config, enumerate_space, known_good
+from dwgen.space import enumerate_space, known_good
 from search import loop
 from search import study as st
 from search.samplers import SAMPLERS
@@ -52,7 +53,7 @@ class FakeBuilder:
             if v.config.halo == self.fail_halo:
                 out.append(Build(v.name, "compile_error", log="ptxas error: too many resources", log_path="x.log"))
             else:
-                out.append(Build(v.name, "ok", cubin=f"/nowhere/{v.name}.cubin", registers=32, spill_bytes=0))
+                out.append(Build(v.name, "ok", library=f"/nowhere/{v.name}.so", registers=32, spill_bytes=0))
         return out
 
 
@@ -103,14 +104,14 @@ def test_resume_continues_without_repeating(tmp_path):
     run(tmp_path, trials=12)
     known, stats, ev, b, study = run(tmp_path, trials=12)
     assert len(ev.calls) == 12
-    assert len(st.measured(study)) == 24 == len(known)
+    assert len(st.measured(study, PROBLEM)) == 24 == len(known)
 
 
 def test_crash_mid_search_leaves_study_resumable(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, trials=30, evaluator=FakeEvaluator(crash_after=7))
     study = open_study(tmp_path)
-    assert len(st.measured(study)) == 7
+    assert len(st.measured(study, PROBLEM)) == 7
     known, stats, ev, _, _ = run(tmp_path, trials=5)
     assert len(known) == 12 and not set(ev.calls) & set(list(known)[:7])
 
@@ -146,7 +147,7 @@ def test_failures_are_recorded_never_chosen(tmp_path):
     assert statuses <= {"ok", "wrong", "compile_error"}
     assert stats.build_failed == sum(r.status == "compile_error" for _, r in known.values())
     assert all(v.config.halo not in ("shfl", "smem") for v, _ in loop.finalists(known))
-    failed = [r for _, r in st.measured(study).values() if not r.ok]
+    failed = [r for _, r in st.measured(study, PROBLEM).values() if not r.ok]
     assert failed and all(r.message for r in failed)
 
 

@@ -1,21 +1,20 @@
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 
+from dwgen.families import blc
+from dwgen.families.bcl import AXES, KNOWN_GOOD, RESTRICTIONS, Config
 from dwgen.problem import Problem
 from dwgen.space import (
-    AXES,
-    GENERIC_CONFIG,
-    KNOWN_GOOD,
-    RESTRICTIONS,
-    Config,
+    FAMILIES,
+    GENERIC_KERNEL_SIZES,
     Variant,
     config_from_name,
     enumerate_space,
-    generic_configs,
+    generic_key,
+    generic_problem,
     generic_variants,
     known_good,
     violations,
@@ -28,6 +27,8 @@ PROBLEMS = [
     Problem(32, 512, 1024, 31, 1, 15),
     Problem(1, 768, 510, 3, 1, 1, bias=True),
     Problem(2, 8, 1001, 5, 1, 4, 2),
+    Problem(32, 512, 8192, 3, 1, 1, dtype="bf16"),
+    Problem(32, 512, 1024, 31, 1, 15, dtype="fp16"),
 ]
 
 
@@ -38,9 +39,11 @@ def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream, batc
     span = (vec - 1) + (run * vec - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
     nv = -(-span // vec)
     stage = -(-((tile - 1) * p.stride + (vec - 1) + (p.kernel_size - 1) * p.dilation + 1) // vec)
-    smem = stage * vec * 4 * {"smem": 1, "async": 2}.get(halo, 0)
+    smem = stage * vec * p.elem_bytes * {"smem": 1, "async": 2}.get(halo, 0)
     return (
-        (halo != "shfl" or (p.stride == 1 and run == 1 and nv <= 16))
+        vec * p.elem_bytes <= 16
+        and (halo != "async" or vec * p.elem_bytes >= 4)
+        and (halo != "shfl" or (p.stride == 1 and run == 1 and nv <= 16))
         and nv * vec <= 64
         and smem <= 48 * 1024
         and (tile <= max(p.out_length, 32 * vec) or (threads == 64 and outs == 1 and run == 1))
@@ -105,7 +108,7 @@ def test_window_covers_every_tap(p):
     for var in enumerate_space(p)[::11]:
         V, S, D, run = var.config.vec, p.stride, p.dilation, var.config.run
         for r in range(V):
-            nv = var.window_vectors(r)
+            nv = var.tiling.window_vectors(r)
             for j0 in (0, 5, 17):
                 a0 = j0 * S - p.padding - r  # aligned start of the window when the first input sits r in
                 for s in range(run):
@@ -114,26 +117,21 @@ def test_window_covers_every_tap(p):
                             idx = r + (s * V + v) * S + k * D
                             assert idx < nv * V
                             assert a0 + idx == (j0 + s * V + v) * S - p.padding + k * D
-        assert var.max_window_vectors == max(var.window_vectors(r) for r in range(V))
+        assert var.tiling.max_window_vectors == max(var.tiling.window_vectors(r) for r in range(V))
 
 
 def test_smem_stage_covers_every_group():
     for p in PROBLEMS:
         for var in [v for v in enumerate_space(p) if v.config.halo == "smem"][::9]:
             groups = var.config.threads * var.config.outs
-            last = (groups - 1) * var.config.run * p.stride + var.max_window_vectors
-            assert last <= var.smem_vectors
+            last = (groups - 1) * var.config.run * p.stride + var.tiling.max_window_vectors
+            assert last <= var.tiling.smem_vectors
 
 
-def test_tiles_and_grid():
+def test_tiles():
     p = Problem(4, 8, 1000)
     v = Variant(p, Config(threads=64, vec=4, outs=1))  # 256 outputs a tile, 250 aligned vectors a row
-    assert v.tiles(1000) == 4 and v.tiles(3) == 1
-    assert v.grid(p, 132) == 32 * 4
-    assert Variant(p, Config(threads=64, vec=4, walk="row")).grid(p, 132) == 32
-    assert Variant(p, Config(threads=64, vec=4, walk="persistent")).grid(p, 1) == 32
-    # a persistent grid is what the SMs hold at once, when the driver's answer is known
-    assert Variant(p, Config(threads=64, vec=4, walk="persistent")).grid(p, 2, blocks_per_sm=3) == 6
+    assert v.tiling.tiles(1000) == 4 and v.tiling.tiles(3) == 1
 
 
 def test_violations_name_the_failed_restrictions():
@@ -144,19 +142,49 @@ def test_violations_name_the_failed_restrictions():
     assert violations(p, Config(vec=4, outs=1, threads=64)) == []  # odd lengths take vectors too
 
 
-def test_generic_variants_cover_small_k():
+def test_generic_variants_cover_every_dtype_layout_and_small_k():
     vs = generic_variants()
-    assert [v.problem.kernel_size for v in vs] == list(range(1, 10))
+    keys = [generic_key(v.problem) for v in vs]
+    assert len(keys) == len(set(keys)) == len(FAMILIES) * 3 * len(GENERIC_KERNEL_SIZES)
     assert all(v.problem.stride == 1 and v.problem.dilation == 1 and not violations(v.problem, v.config) for v in vs)
+    # 16-byte accesses in every dtype by default
+    assert all(v.config.vec * v.problem.elem_bytes == 16 for v in vs)
 
 
-def test_generic_configs_come_from_the_measured_choices(tmp_path):
-    path = tmp_path / "generic.json"
-    assert set(generic_configs(path=path).values()) == {GENERIC_CONFIG}  # nothing measured yet
+def test_generic_variants_take_the_measured_choice():
     chosen = Config(threads=256, vec=4, outs=1, walk="row", halo="async")
-    path.write_text(json.dumps({"fp32": {"7": {"config": chosen.to_dict()}}}))
-    configs = generic_configs(path=path)
-    assert configs[7] == chosen and configs[3] == GENERIC_CONFIG
+    key = generic_key(generic_problem(7))
+    vs = {generic_key(v.problem): v for v in generic_variants({key: chosen.to_dict()})}
+    assert vs[key].config == chosen
+    assert vs[generic_key(generic_problem(3))].config != chosen
+
+
+def brute_force_blc_ok(p: Problem, threads, vec, outs, cthreads, stream) -> bool:
+    """The (B, L, C) family's restrictions restated from first principles."""
+    return (vec * p.elem_bytes <= 16 and cthreads <= threads and (outs + p.kernel_size + 1) * vec <= 128
+            and p.channels % vec == 0
+            and (cthreads * vec <= max(p.channels, 32 * vec) or cthreads == 8)
+            and threads // cthreads * outs <= max(p.out_length, 64))
+
+
+@pytest.mark.parametrize("p", [Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc"),
+                               Problem(2, 24, 100, 9, 2, 4, 2, layout="blc"),
+                               Problem(1, 768, 30, 3, 1, 1, dtype="fp16", layout="blc")], ids=lambda p: p.key)
+def test_blc_enumeration_matches_brute_force(p):
+    expect = {combo for combo in itertools.product(*blc.AXES.values()) if brute_force_blc_ok(p, *combo)}
+    got = {tuple(getattr(v.config, a) for a in blc.AXES) for v in enumerate_space(p)}
+    assert got == expect and got
+    for v in enumerate_space(p)[::17]:
+        assert config_from_name(v.name, p) == v.config and "_cl_" in v.name
+
+
+def test_blc_window_covers_every_tap():
+    """Input i of a thread's window feeds output o through tap k exactly when o*S + k*D == i (as the kernel)."""
+    p = Problem(2, 64, 500, 5, 2, 4, 3, layout="blc")
+    for v in enumerate_space(p)[::7]:
+        uses = sorted((o, k) for i in range(v.tiling.window) for o in range(v.config.outs)
+                      for k in range(p.kernel_size) if o * p.stride + k * p.dilation == i)
+        assert uses == [(o, k) for o in range(v.config.outs) for k in range(p.kernel_size)]
 
 
 def test_variant_names_parse_back():

@@ -19,7 +19,7 @@ def run(*args):
     (["--shape", "32x512"], "malformed shape"),
     (["--shape", "0x512x8192"], "batch must be a positive integer"),
     (["--shape", "2x2x2", "--kernel-size", "5", "--padding", "0"], "no output"),
-    (["--shape", "2x2x64", "--dtype", "bf16"], "not supported yet"),
+    (["--shape", "2x2x64", "--layout", "nhwc"], "unknown layout"),
     ([], "give either --shape"),
 ])
 def test_bad_problems_refused_in_one_line(args, msg, capsys):
@@ -39,7 +39,7 @@ def test_without_gpu_one_line_and_nonzero(tmp_path):
 
 def test_suite_files_parse(tmp_path):
     problems = read_suite(ROOT / "benchmarks" / "suite.txt")
-    assert len(problems) == 7 and problems[0].key == "32x512x8192_k3_s1_p1_d1_fp32_nobias"
+    assert len(problems) == 11 and problems[0].key == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias"
     assert problems[5].stride == 2
     bad = tmp_path / "bad.txt"
     bad.write_text("--shape 2x2x64\n--shape 2x2 # broken\n")

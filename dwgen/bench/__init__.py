@@ -18,9 +18,25 @@ class Timing:
     median_ms: float
     min_ms: float
     reps: int
+    samples: tuple[float, ...] = ()  # every rep's ms, in order (interleaved timing keeps them per round)
 
     def to_dict(self) -> dict:
         return {"median_ms": self.median_ms, "min_ms": self.min_ms, "reps": self.reps}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation between order statistics."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def ratio_spread(a: Timing, b: Timing) -> tuple[float, float, float]:
+    """10th, 50th and 90th percentiles over rounds of a's time over b's in the same round."""
+    ratios = [x / y for x, y in zip(a.samples, b.samples, strict=True)]
+    return percentile(ratios, 10), percentile(ratios, 50), percentile(ratios, 90)
 
 
 class Timer:
@@ -73,7 +89,7 @@ class Timer:
         out = {}
         for k, evs in samples.items():
             times = [s.elapsed_time(e) for s, e in evs]
-            out[k] = Timing(statistics.median(times), min(times), len(times))
+            out[k] = Timing(statistics.median(times), min(times), len(times), tuple(times))
         return out
 
 
@@ -133,8 +149,10 @@ def copy_operands(p: Problem):
     """A copy_ moving the bytes the op must move: (input + output elements) / 2 read and written."""
     import torch
 
+    from dwgen.dtypes import torch_dtype
+
     n = (p.rows * (p.length + p.out_length)) // 2
-    src = torch.randn(n, device="cuda", dtype=torch.float32)
+    src = torch.randn(n, device="cuda", dtype=torch_dtype(p.dtype))
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
 

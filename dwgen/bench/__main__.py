@@ -64,11 +64,13 @@ def measure(p: Problem, names: list[str]) -> list[dict]:
     for name, row in rows.items():
         if name in times:
             ms = times[name].median_ms
-            row.update(ms=ms, x_copy=ms / copy_ms, speedup_vs_torch=torch_ms / ms if torch_ms else None,
-                       rounds=rounds)
+            lo, _, hi = bench.ratio_spread(times[name], times["copy_"])
+            row.update(ms=ms, x_copy=ms / copy_ms, x_copy_p10=lo, x_copy_p90=hi,
+                       speedup_vs_torch=torch_ms / ms if torch_ms else None, rounds=rounds)
         out.append(row)
     base = {"problem": p.key, "shape": f"{p.batch}x{p.channels}x{p.length}", "kernel_size": p.kernel_size,
-            "stride": p.stride, "padding": p.padding, "dilation": p.dilation, "bias": p.bias, "dtype": p.dtype}
+            "stride": p.stride, "padding": p.padding, "dilation": p.dilation, "bias": p.bias, "dtype": p.dtype,
+            "layout": p.layout}
     del x, ref, scale
     return [{**base, **r} for r in out]
 
@@ -92,11 +94,13 @@ def cell(r: dict) -> str:
     flag = "" if r["correct"] else " WRONG"
     if r.get("timing", "").startswith("plain ("):
         flag += " †"
-    return f"{r['ms']:.4f} ({r['x_copy']:.2f}x){flag}"
+    spread = f", {r['x_copy_p10']:.2f}-{r['x_copy_p90']:.2f}" if r.get("x_copy_p10") else ""
+    return f"{r['ms']:.4f} ({r['x_copy']:.2f}x{spread}){flag}"
 
 
 def problem_label(r: dict) -> str:
-    s = f"{r['shape']} K{r['kernel_size']} P{r['padding']}"
+    s = f"{r['shape']} {r.get('dtype', 'fp32')}{' (B,L,C)' if r.get('layout') == 'blc' else ''} " \
+        f"K{r['kernel_size']} P{r['padding']}"
     if r["stride"] != 1:
         s += f" S{r['stride']}"
     if r["dilation"] != 1:
@@ -111,9 +115,10 @@ def problem_label(r: dict) -> str:
 def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"Measured on {m['gpu']} (driver {m['driver']}, torch {m['torch']}, CUDA {m['cuda']}), {m['date']}, "
-             "by `python -m dwgen.bench`. Each cell: median ms (x copy_ of the same bytes, timed interleaved in "
-             "the same process). Problems whose data fit in L2 (marked graph) are timed as CUDA-graph replays, "
-             "so their cells are GPU time; † marks a call that could not be captured. Then PyTorch eager's "
+             "by `python -m dwgen.bench`. Each cell: median ms (x copy_ of the same bytes, then the 10th-90th "
+             "percentile of that ratio over the rounds, timed interleaved in the same process). Problems "
+             "whose data fit in L2 (marked graph) are timed as CUDA-graph replays, so their cells are GPU "
+             "time; † marks a call that could not be captured. Then PyTorch eager's "
              "time over dwgen's, and the host time of one plain call (µs of CPU to issue it; it is hidden when "
              "the GPU is busy, and it is what a short problem costs outside a graph).", ""]
     names = ["copy_"] + list(CONTENDERS)

@@ -46,11 +46,13 @@ def triton_simple(p: Problem, x, w, b):
             acc += tl.load(x_ptr + row * L + a, mask=m, other=0.0) * tl.load(w_ptr + c * K + k)
         tl.store(y_ptr + row * Lout + j, acc, mask=j < Lout)
 
+    if p.layout != "bcl":
+        raise NotImplementedError("reads (B, C, L) rows only")
     block = 1024
     grid = (p.rows, triton.cdiv(p.out_length, block))
 
     def run():
-        y = torch.empty(p.batch, p.channels, p.out_length, device=x.device)
+        y = torch.empty(p.batch, p.channels, p.out_length, device=x.device, dtype=x.dtype)
         kernel[grid](x, w, b if b is not None else x, y, p.channels, p.length, p.out_length, p.stride, p.padding,
                      p.dilation, p.kernel_size, b is not None, block)
         return y
@@ -58,44 +60,42 @@ def triton_simple(p: Problem, x, w, b):
     return run
 
 
-class _Naive:
-    """The naive CUDA kernel, compiled once per process through dwgen's own nvcc and driver path."""
+_NAIVE: dict = {}
 
-    kernel = None
 
-    @classmethod
-    def get(cls):
-        if cls.kernel is None:
-            import tempfile
+def _naive_library(dtype: str):
+    """The naive CUDA kernel of a dtype, compiled once per process through dwgen's own nvcc path."""
+    if dtype not in _NAIVE:
+        import tempfile
 
-            import torch
+        import torch
 
-            from dwgen import build, render
-            from dwgen.driver import Kernel
+        from dwgen import build, contract, render
+        from dwgen.driver import Library
 
-            src, digest = render.render_naive()
-            arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
-            b = build.compile_cubin(render.NAIVE_NAME, src, build.build_key(digest, arch),
-                                    Path(tempfile.gettempdir()) / "dwgen-bench", arch)
-            if not b.ok:
-                raise RuntimeError(f"naive contender did not compile: {b.log[-500:]}")
-            cls.kernel = Kernel(b.cubin, render.NAIVE_NAME)
-        return cls.kernel
+        name = render.naive_name(dtype)
+        src, digest = render.render_naive(dtype)
+        arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+        b = build.compile_library(name, src, build.build_key(digest, arch),
+                                  Path(tempfile.gettempdir()) / "dwgen-bench", arch)
+        if not b.ok:
+            raise RuntimeError(f"naive contender did not compile: {b.log[-500:]}")
+        _NAIVE[dtype] = Library(b.library, contract.launch_symbol(name), ("in",) * 3 + ("out",) + ("i64",) * 8
+                                + ("out",))
+    return _NAIVE[dtype]
 
 
 def naive_cuda(p: Problem, x, w, b):
     import torch
 
-    from dwgen.driver import i32, ptr
-
-    kernel = _Naive.get()
+    if p.layout != "bcl":
+        raise NotImplementedError("reads (B, C, L) rows only")
+    lib = _naive_library(p.dtype)
 
     def run():
-        y = torch.empty(p.batch, p.channels, p.out_length, device=x.device)
-        threads = min(1024, max(32, -(-p.out_length // 32) * 32))
-        kernel.prepare(p.rows, threads, [ptr(x), ptr(w), ptr(b), ptr(y), i32(p.channels), i32(p.length),
-                                         i32(p.out_length), i32(p.kernel_size), i32(p.stride), i32(p.padding),
-                                         i32(p.dilation)])()
+        y = torch.empty(p.batch, p.channels, p.out_length, device=x.device, dtype=x.dtype)
+        lib.prepare(x, w, b, y, p.batch, p.channels, p.length, p.out_length, p.kernel_size, p.stride, p.padding,
+                    p.dilation)()
         return y
 
     return run

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dwgen import build, render
+from dwgen import build, contract, render
 from dwgen.problem import Problem
 from dwgen.worker import GpuWorker
 from search import loop
@@ -12,8 +12,11 @@ from search import study as st
 pytestmark = pytest.mark.gpu
 
 P = Problem(4, 64, 4096)
-CRASHING = ('extern "C" __global__ void {name}(const float* x, const float* w, const float* b, float* y, '
-            'int rows, int C, int L, int Lout, int P, int tiles) {{ y[(long long)blockIdx.x * 400000000LL] = 1.0f; }}')
+# A kernel that writes far out of bounds, behind a launch function that keeps the contract.
+CRASHING = ('#include <cuda_runtime.h>\n'
+            'extern "C" __global__ void {name}(float* y) {{ y[(long long)blockIdx.x * 400000000LL] = 1.0f; }}\n'
+            'extern "C" int {symbol}({params}) {{ {name}<<<64, 32, 0, (cudaStream_t)stream>>>((float*)y); '
+            'return (int)cudaGetLastError(); }}\n')
 
 
 def test_search_survives_a_crashing_variant(tmp_path):
@@ -28,7 +31,7 @@ def test_search_survives_a_crashing_variant(tmp_path):
             src = render.render_variant(v)
             if not victims:  # the first variant built is replaced by one that writes far out of bounds
                 victims.append(v.digest)
-                src = CRASHING.format(name=v.name)
+                src = CRASHING.format(name=v.name, symbol=contract.launch_symbol(v.name), params=contract.cpp_params())
             jobs.append((v.name, src, build.build_key(v.digest, arch) + ("-crash" if v.digest in victims else "")))
         return build.compile_many(jobs, tmp_path, arch=arch)
 

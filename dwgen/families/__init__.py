@@ -1,0 +1,1 @@
+"""Kernel families: one module per kind of kernel (direction, layout), each its axes, restrictions and geometry."""

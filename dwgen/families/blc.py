@@ -1,0 +1,166 @@
+"""The forward family over (B, L, C) memory: threads take channel vectors, each sliding along the length."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from dwgen.dtypes import DTYPES
+from dwgen.problem import Problem
+
+TEMPLATE = "dw1d_cl.cu.j2"
+
+AXES: dict[str, tuple] = {
+    "threads": (64, 128, 256, 512),
+    "vec": (1, 2, 4, 8),  # consecutive channels per access; 16 bytes at most
+    "outs": (1, 2, 4, 8),  # consecutive outputs along the length per thread, from one sliding window
+    "cthreads": (8, 16, 32, 64, 128),  # threads of a block side by side along the channels
+    "stream": (False, True),
+}
+
+MAX_REGISTER_FLOATS = 128  # accumulators, weights and one input vector per thread; more spills
+
+
+@dataclass(frozen=True)
+class Config:
+    threads: int = 128
+    vec: int = 4
+    outs: int = 4
+    cthreads: int = 32
+    stream: bool = False
+
+    def __post_init__(self) -> None:
+        for axis, values in AXES.items():
+            v = getattr(self, axis)
+            if type(v) is not type(values[0]) or v not in values:
+                raise ValueError(f"config {axis}={v!r} is not one of {values}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    problem: Problem
+    config: Config
+
+    @property
+    def lthreads(self) -> int:
+        return self.config.threads // self.config.cthreads
+
+    @property
+    def tile_channels(self) -> int:
+        return self.config.cthreads * self.config.vec
+
+    @property
+    def tile_length(self) -> int:
+        return self.lthreads * self.config.outs
+
+    @property
+    def window(self) -> int:
+        """Inputs along the length that one thread's outputs read."""
+        p, c = self.problem, self.config
+        return (c.outs - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
+
+    @property
+    def register_floats(self) -> int:
+        c = self.config
+        return (c.outs + self.problem.kernel_size + 1) * c.vec
+
+
+def vector_within_16_bytes(p: Problem, c: Config) -> bool:
+    return c.vec * p.elem_bytes <= 16
+
+
+def cthreads_within_block(p: Problem, c: Config) -> bool:
+    return c.cthreads <= c.threads
+
+
+def fits_registers(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).register_floats <= MAX_REGISTER_FLOATS
+
+
+def channels_whole_vectors(p: Problem, c: Config) -> bool:
+    """A (B, L, C) position is vector-aligned only when C is a multiple of the vector."""
+    return p.channels % c.vec == 0
+
+
+def tile_fits_channels(p: Problem, c: Config) -> bool:
+    """Threads past the last channel idle: a block's channel tile may pass C by less than one warp's worth."""
+    return Tiling(p, c).tile_channels <= max(p.channels, 32 * c.vec) or c.cthreads == 8
+
+
+def tile_fits_length(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).tile_length <= max(p.out_length, 64)
+
+
+RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
+    vector_within_16_bytes,
+    cthreads_within_block,
+    fits_registers,
+    channels_whole_vectors,
+    tile_fits_channels,
+    tile_fits_length,
+)
+
+
+def name_tokens(c: Config) -> list[str]:
+    parts = ["cl", f"t{c.threads}", f"v{c.vec}", f"o{c.outs}", f"c{c.cthreads}"]
+    if c.stream:
+        parts.append("cs")
+    return parts
+
+
+def config_from_tokens(tokens: list[str], name: str) -> Config:
+    if tokens[:1] != ["cl"]:
+        raise ValueError(f"{name}: a (B, L, C) variant's tokens start with cl")
+    fields: dict = {"stream": False}
+    for tok in tokens[1:]:
+        if tok == "cs":
+            fields["stream"] = True
+        elif tok[:1] in "tvoc" and tok[1:].isdigit():
+            fields[{"t": "threads", "v": "vec", "o": "outs", "c": "cthreads"}[tok[0]]] = int(tok[1:])
+        else:
+            raise ValueError(f"{name}: unknown token {tok!r}")
+    return Config(**fields)
+
+
+def render_context(p: Problem, c: Config) -> dict:
+    t = Tiling(p, c)
+    return {
+        "threads": c.threads, "vec": c.vec, "outs": c.outs, "cthreads": c.cthreads, "lthreads": t.lthreads,
+        "tile_channels": t.tile_channels, "tile_length": t.tile_length, "window": t.window,
+        "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation, "stream": c.stream,
+    }
+
+
+def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
+    """Lengths shorter than K or than a tile, channels that are one vector or not a whole tile, B = 1."""
+    t, v = Tiling(p, c), c.vec
+    sizes = [(1, v, 1), (1, v, p.kernel_size), (2, v, 7), (1, 3 * v, 33), (2, t.tile_channels + v, t.tile_length + 1),
+             (1, 2 * t.tile_channels - v, 3 * t.tile_length - 1), (3, 5 * v, 1000),
+             (p.batch if p.batch <= 4 else 1, p.channels, min(p.length, 2 * t.tile_length + 3))]
+    others = [(2, 2 * v, t.tile_length + 5, 0, not p.bias), (1, v, 3 * t.tile_length + 1, p.kernel_size - 1, p.bias),
+              (1, 3 * v, 999, (p.kernel_size - 1) // 2 * p.dilation, not p.bias)]
+    return [(b, ch, n, p.padding, p.bias) for b, ch, n in sizes] + others
+
+
+def align_bytes(p: Problem, c: Config) -> int:
+    return c.vec * p.elem_bytes
+
+
+def channel_multiple(p: Problem, c: Config) -> int:
+    return c.vec
+
+
+KNOWN_GOOD: tuple[Config, ...] = (
+    Config(threads=128, vec=4, outs=4, cthreads=32),
+    Config(threads=256, vec=8, outs=4, cthreads=32),
+    Config(threads=128, vec=8, outs=2, cthreads=64),
+    Config(threads=256, vec=8, outs=8, cthreads=64),
+    Config(threads=128, vec=4, outs=8, cthreads=32),
+    Config(threads=256, vec=2, outs=4, cthreads=128),
+)
+
+
+def generic_config(dtype: str) -> Config:
+    return Config(threads=128, vec=DTYPES[dtype].max_vec, outs=4, cthreads=32)
