@@ -87,12 +87,12 @@ def compare(p: Problem, out, ref, scale) -> CheckOutcome:
     """Every output within tolerance of the float64 reference; NaN (an unwritten output) always fails."""
     import torch
 
-    tol = DTYPES[p.dtype].tolerance
+    tol, floor = DTYPES[p.dtype].tolerance, DTYPES[p.dtype].absolute_floor
     if tuple(out.shape) != tuple(ref.shape):
         return CheckOutcome(False, f"{p.key}: shape {tuple(out.shape)} != {tuple(ref.shape)}", float("inf"))
     err = (out.double() - ref).abs()
     rel = err / scale.clamp_min(1e-30)
-    bad = ~(rel <= tol)  # NaN compares false, so it lands in bad
+    bad = ~(err <= tol * scale + floor)  # NaN compares false, so it lands in bad
     max_rel = float(torch.nan_to_num(rel, nan=float("inf")).max()) if rel.numel() else 0.0
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0])

@@ -13,6 +13,7 @@ class DType:
     torch_name: str  # attribute of torch: torch.float32, ...
     bytes: int
     storage: str  # C++ storage type
+    bits: str  # C++ type of the same size that __ldg reads natively (the raw bits of one element)
     aten_scalar: str  # its c10::ScalarType name (torch::kFloat, ...)
     accumulate: str  # C++ accumulation type (always float: 16-bit sums lose too much)
     header: str  # what a kernel must include to use the storage type
@@ -22,6 +23,9 @@ class DType:
     # Largest error of one output against the float64 reference, relative to the sum of |x|*|w| it adds
     # up: the storage format's unit roundoff for the final rounding (16-bit), plus fp32 summation.
     tolerance: float
+    # Below the smallest normal number the format's steps are absolute: an output there may miss by half
+    # a step whatever its size (fp16's subnormal step is 2**-24; seen on K1 outputs near 4e-5).
+    absolute_floor: float = 0.0
 
     @property
     def max_vec(self) -> int:
@@ -35,12 +39,12 @@ class DType:
 _HALF_VECTORS = ((1, "unsigned short"), (2, "unsigned int"), (4, "uint2"), (8, "uint4"))  # raw 16-bit lanes
 
 DTYPES: dict[str, DType] = {
-    "fp32": DType("fp32", "f32", "float32", 4, "float", "Float", "float", "", "", "",
+    "fp32": DType("fp32", "f32", "float32", 4, "float", "float", "Float", "float", "", "", "",
                   ((1, "float"), (2, "float2"), (4, "float4")), 1e-5),
-    "fp16": DType("fp16", "f16", "float16", 2, "__half", "Half", "float", "cuda_fp16.h", "__half2float",
-                  "__float2half_rn", _HALF_VECTORS, 2.0**-11 + 1e-5),
-    "bf16": DType("bf16", "bf16", "bfloat16", 2, "__nv_bfloat16", "BFloat16", "float", "cuda_bf16.h",
-                  "__bfloat162float", "__float2bfloat16_rn", _HALF_VECTORS, 2.0**-8 + 1e-5),
+    "fp16": DType("fp16", "f16", "float16", 2, "__half", "unsigned short", "Half", "float", "cuda_fp16.h",
+                  "__half2float", "__float2half_rn", _HALF_VECTORS, 2.0**-11 + 1e-5, 2.0**-24),
+    "bf16": DType("bf16", "bf16", "bfloat16", 2, "__nv_bfloat16", "unsigned short", "BFloat16", "float",
+                  "cuda_bf16.h", "__bfloat162float", "__float2bfloat16_rn", _HALF_VECTORS, 2.0**-8 + 1e-5),
 }
 
 

@@ -72,7 +72,8 @@ def _validated(ctx: dict) -> dict:
 
 def _dtype_context(d: DType) -> dict:
     """C++ spellings of an element type, from the one dtype table."""
-    return {"storage": d.storage, "dtype_header": d.header, "to_float": d.to_float, "from_float": d.from_float}
+    return {"storage": d.storage, "scalar_bits": d.bits, "dtype_header": d.header, "to_float": d.to_float,
+            "from_float": d.from_float}
 
 
 def render_variant(v: Variant) -> str:

@@ -209,7 +209,7 @@ def generic_variants(chosen: dict[str, dict] | None = None) -> list[Variant]:
             for k in GENERIC_KERNEL_SIZES:
                 p = generic_problem(k, dtype, layout)
                 params = chosen.get(generic_key(p))
-                config = fam.config_type(**params) if params else fam.module.generic_config(dtype)
+                config = fam.config_type(**params) if params else fam.module.generic_config(p)
                 if violations(p, config):
                     raise ValueError(f"generic kernel {Variant(p, config).name} breaks {violations(p, config)}")
                 out.append(Variant(p, config))

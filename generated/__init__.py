@@ -144,6 +144,11 @@ def _empty_output(x: torch.Tensor, layout: str | None, out_length: int) -> torch
     return torch.empty((batch, channels, out_length), device=x.device, dtype=x.dtype)
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself when it starts on a 16-byte boundary (kernels read weights and bias as vectors), else a copy."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1) -> str:
     """Name of the kernel depthwise_conv1d would run for these arguments."""
     out_length = _validate(x, weight, bias, stride, padding, dilation)
@@ -164,8 +169,8 @@ def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return y
     k = weight.shape[2]
     chosen = _choose(x, layout, k, bias is not None, stride, padding, dilation, out_length)
-    weight = weight.contiguous()
-    bias = bias.contiguous() if bias is not None else None
+    weight = _aligned(weight.contiguous())
+    bias = _aligned(bias.contiguous()) if bias is not None else None
     ext = build()
     if chosen is not None:  # the launchers set x's device themselves
         ext.launch(chosen[0], x, weight, bias, y, padding)

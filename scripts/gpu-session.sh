@@ -3,13 +3,16 @@
 #   smoke   GPU variant checks only (fast; stops the session early when a kernel is wrong)
 #   tune    cold tune of the target shape (the README's command)
 #   tunecheck  the same, without touching generated/
-#   generic choose the fast generic kernel of each K by measurement (dwgen/generic.json)
-#   suite   cold tune of benchmarks/suite.txt, frozen together
-#   bench   python -m dwgen.bench (results into benchmarks/)
+#   generic choose the fast generic kernel of each (dtype, layout, K) by measurement (frozen into generated/)
+#   suite   cold tune of benchmarks/suite.txt, frozen together (through the gate)
+#   gate    python -m dwgen.gate on generated/ (every frozen kernel through the built module)
+#   bench   python -m dwgen.bench (results into benchmarks/); BENCH_ONLY=a,b picks contenders
 #   exhaustive  every variant of the target's space, compared with the frozen winner (no freeze)
 #   tests   the whole test suite, GPU tests included
 #   gputests  only the GPU tests and the frozen-module tests
-# Logs and generated/, benchmarks/ and dwgen/generic.json come back under $OUT (results.tgz).
+#   frozentests  the frozen module's tests alone (random problems, edge inputs, memcheck)
+#   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant)
+# Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,22 +20,26 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
 fi
-timed() { local name=$1; shift; local t0; t0=$(date +%s); "$@" 2>&1 | tee "$OUT/$name.log"; local rc=${PIPESTATUS[0]}
+timed() { local name=$1; shift; local t0; t0=$(date +%s); timeout "${STEP_TIMEOUT:-3600}" "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
   echo "$name: rc $rc, $(( $(date +%s) - t0 )) s wall" | tee -a "$OUT/summary.log"; return "$rc"; }
 for step in "$@"; do
   case $step in
     smoke) timed smoke python3 -m pytest -q -x tests/gpu/test_variants_gpu.py || exit 1 ;;
     tune) rm -rf runs; timed tune python3 tune.py --shape 32x512x8192 ;;
     tunecheck) rm -rf runs; timed tunecheck python3 tune.py --shape 32x512x8192 --no-freeze ;;
-    generic) timed generic python3 -m search.generic ;;
+    generic) timed generic python3 -m search.generic ${GENERIC_ARGS:-} ;;
+    gate) timed gate python3 -m dwgen.gate ;;
     suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} ;;
-    bench) timed bench python3 -m dwgen.bench ;;
+    bench) timed bench python3 -m dwgen.bench ${BENCH_ONLY:+--only "$BENCH_ONLY"} ;;
     exhaustive) timed exhaustive python3 tune.py --shape 32x512x8192 --sampler grid --trials 100000 \
                   --storage memory --no-freeze ;;
     tests) timed tests python3 -m pytest -q tests ;;
     gputests) timed gputests python3 -m pytest -q tests/gpu tests/test_generated.py ;;
+    frozentests) timed frozentests python3 -m pytest -q -rs tests/gpu/test_generated_gpu.py tests/test_generated.py ;;
+    kerneltests) timed kerneltests python3 -m pytest -q -rs tests/gpu/test_variants_gpu.py tests/gpu/test_crash_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
-  tar czf "$OUT/results.tgz" generated benchmarks dwgen/generic.json 2>/dev/null  # after every step: a later time-out loses only that step
+  tar czf "$OUT/results.tgz" generated benchmarks 2>/dev/null  # after every step: a later time-out loses only that step
 done
 cat "$OUT/summary.log"

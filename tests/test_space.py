@@ -147,8 +147,9 @@ def test_generic_variants_cover_every_dtype_layout_and_small_k():
     keys = [generic_key(v.problem) for v in vs]
     assert len(keys) == len(set(keys)) == len(FAMILIES) * 3 * len(GENERIC_KERNEL_SIZES)
     assert all(v.problem.stride == 1 and v.problem.dilation == 1 and not violations(v.problem, v.config) for v in vs)
-    # 16-byte accesses in every dtype by default
-    assert all(v.config.vec * v.problem.elem_bytes == 16 for v in vs)
+    # 16-byte accesses in every (B, C, L) kernel; (B, L, C) ones as wide as their registers allow
+    assert all(v.config.vec * v.problem.elem_bytes == 16 for v in vs if v.problem.layout == "bcl")
+    assert all(v.config.vec * v.problem.elem_bytes >= 8 for v in vs)
 
 
 def test_generic_variants_take_the_measured_choice():
@@ -159,12 +160,15 @@ def test_generic_variants_take_the_measured_choice():
     assert vs[generic_key(generic_problem(3))].config != chosen
 
 
-def brute_force_blc_ok(p: Problem, threads, vec, outs, cthreads, stream) -> bool:
+def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream) -> bool:
     """The (B, L, C) family's restrictions restated from first principles."""
-    return (vec * p.elem_bytes <= 16 and cthreads <= threads and (outs + p.kernel_size + 1) * vec <= 128
+    window = (outs - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
+    fresh = min(window, outs * p.stride)  # inputs a step fetches for the next one, held raw
+    registers = (window + p.kernel_size + 2) * vec + fresh * vec * p.elem_bytes // 4
+    return (vec * p.elem_bytes <= 16 and cthreads <= threads and registers <= 128
             and p.channels % vec == 0
             and (cthreads * vec <= max(p.channels, 32 * vec) or cthreads == 8)
-            and threads // cthreads * outs <= max(p.out_length, 64))
+            and threads // cthreads * outs * steps <= max(p.out_length, 64))
 
 
 @pytest.mark.parametrize("p", [Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc"),

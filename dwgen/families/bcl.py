@@ -266,6 +266,6 @@ KNOWN_GOOD: tuple[Config, ...] = (
 )
 
 
-def generic_config(dtype: str) -> Config:
+def generic_config(p: Problem) -> Config:
     """The fast generic kernel of a K that search.generic has not measured: the target's winning design."""
-    return Config(threads=128, vec=DTYPES[dtype].max_vec, outs=2, halo="l1")
+    return Config(threads=128, vec=DTYPES[p.dtype].max_vec, outs=2, halo="l1")

@@ -12,12 +12,13 @@ TEMPLATE = "dw1d_cl.cu.j2"
 AXES: dict[str, tuple] = {
     "threads": (64, 128, 256, 512),
     "vec": (1, 2, 4, 8),  # consecutive channels per access; 16 bytes at most
-    "outs": (1, 2, 4, 8),  # consecutive outputs along the length per thread, from one sliding window
+    "outs": (1, 2, 4, 8),  # consecutive outputs along the length per step, from one window of inputs
+    "steps": (1, 4, 16),  # steps along the length per thread; the window's overlap stays in registers
     "cthreads": (8, 16, 32, 64, 128),  # threads of a block side by side along the channels
     "stream": (False, True),
 }
 
-MAX_REGISTER_FLOATS = 128  # accumulators, weights and one input vector per thread; more spills
+MAX_REGISTER_FLOATS = 128  # window, weights, bias and accumulators per thread; more spills
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Config:
     threads: int = 128
     vec: int = 4
     outs: int = 4
+    steps: int = 4
     cthreads: int = 32
     stream: bool = False
 
@@ -53,7 +55,7 @@ class Tiling:
 
     @property
     def tile_length(self) -> int:
-        return self.lthreads * self.config.outs
+        return self.lthreads * self.config.outs * self.config.steps
 
     @property
     def window(self) -> int:
@@ -62,9 +64,15 @@ class Tiling:
         return (c.outs - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
 
     @property
+    def keep(self) -> int:
+        """Inputs of one step's window that the next step reads too."""
+        return max(0, self.window - self.config.outs * self.problem.stride)
+
+    @property
     def register_floats(self) -> int:
-        c = self.config
-        return (c.outs + self.problem.kernel_size + 1) * c.vec
+        """Window, weights, bias, one accumulator vector and the next step's raw inputs, in 4-byte registers."""
+        c, p = self.config, self.problem
+        return (self.window + p.kernel_size + 2) * c.vec + (self.window - self.keep) * c.vec * p.elem_bytes // 4
 
 
 def vector_within_16_bytes(p: Problem, c: Config) -> bool:
@@ -104,7 +112,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
 
 
 def name_tokens(c: Config) -> list[str]:
-    parts = ["cl", f"t{c.threads}", f"v{c.vec}", f"o{c.outs}", f"c{c.cthreads}"]
+    parts = ["cl", f"t{c.threads}", f"v{c.vec}", f"o{c.outs}", f"w{c.steps}", f"c{c.cthreads}"]
     if c.stream:
         parts.append("cs")
     return parts
@@ -117,8 +125,8 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
     for tok in tokens[1:]:
         if tok == "cs":
             fields["stream"] = True
-        elif tok[:1] in "tvoc" and tok[1:].isdigit():
-            fields[{"t": "threads", "v": "vec", "o": "outs", "c": "cthreads"}[tok[0]]] = int(tok[1:])
+        elif tok[:1] in "tvowc" and tok[1:].isdigit():
+            fields[{"t": "threads", "v": "vec", "o": "outs", "w": "steps", "c": "cthreads"}[tok[0]]] = int(tok[1:])
         else:
             raise ValueError(f"{name}: unknown token {tok!r}")
     return Config(**fields)
@@ -128,7 +136,8 @@ def render_context(p: Problem, c: Config) -> dict:
     t = Tiling(p, c)
     return {
         "threads": c.threads, "vec": c.vec, "outs": c.outs, "cthreads": c.cthreads, "lthreads": t.lthreads,
-        "tile_channels": t.tile_channels, "tile_length": t.tile_length, "window": t.window,
+        "steps": c.steps, "tile_channels": t.tile_channels, "tile_length": t.tile_length, "window": t.window,
+        "keep": t.keep,
         "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation, "stream": c.stream,
     }
 
@@ -152,15 +161,25 @@ def channel_multiple(p: Problem, c: Config) -> int:
     return c.vec
 
 
+# The first three measured best on the Mamba shape before the window prefetch (1.64x copy, 2026-11-30).
 KNOWN_GOOD: tuple[Config, ...] = (
-    Config(threads=128, vec=4, outs=4, cthreads=32),
-    Config(threads=256, vec=8, outs=4, cthreads=32),
-    Config(threads=128, vec=8, outs=2, cthreads=64),
-    Config(threads=256, vec=8, outs=8, cthreads=64),
-    Config(threads=128, vec=4, outs=8, cthreads=32),
-    Config(threads=256, vec=2, outs=4, cthreads=128),
+    Config(threads=128, vec=8, outs=4, steps=16, cthreads=64),
+    Config(threads=64, vec=8, outs=1, steps=16, cthreads=32),
+    Config(threads=128, vec=8, outs=2, steps=16, cthreads=8),
+    Config(threads=128, vec=8, outs=2, steps=4, cthreads=8),
+    Config(threads=128, vec=8, outs=4, steps=4, cthreads=8),
+    Config(threads=128, vec=8, outs=2, steps=16, cthreads=16),
+    Config(threads=256, vec=8, outs=2, steps=4, cthreads=32),
+    Config(threads=128, vec=4, outs=4, steps=4, cthreads=32),
+    Config(threads=64, vec=4, outs=4, steps=16, cthreads=8),
 )
 
 
-def generic_config(dtype: str) -> Config:
-    return Config(threads=128, vec=DTYPES[dtype].max_vec, outs=4, cthreads=32)
+def generic_config(p: Problem) -> Config:
+    """The widest vector and most outputs a step that fit the registers for p's K (the window grows with K)."""
+    for vec in (DTYPES[p.dtype].max_vec, 4, 2, 1):
+        for outs in (2, 1):
+            c = Config(threads=128, vec=vec, outs=outs, steps=16, cthreads=8)
+            if all(r(p, c) for r in RESTRICTIONS):
+                return c
+    raise ValueError(f"no (B, L, C) generic design fits {p.key}")
