@@ -23,9 +23,10 @@ from dwgen.space import GENERIC_KERNEL_SIZES, Variant, generic_key, generic_prob
 def candidates(dtype: str, layout: str) -> list:
     """Designs that measured well on some suite shape (docs/perf-notes.md), with the dtype's 16-byte vector."""
     v = DTYPES[dtype].max_vec
-    if layout == "blc":
-        return [blc.Config(threads=t, vec=v, outs=o, cthreads=ct)
-                for t, o, ct in ((128, 4, 32), (256, 4, 32), (128, 2, 64), (256, 8, 64), (128, 8, 32))]
+    if layout == "blc":  # the Mamba shape's finalists (H200, 2026-11-30), then the first generic design
+        return [blc.Config(threads=t, vec=vec, outs=o, steps=s, cthreads=ct)
+                for t, vec, o, s, ct in ((128, v // 2, 8, 4, 32), (64, v // 2, 4, 1, 32), (128, v // 2, 4, 16, 32),
+                                         (128, v, 4, 16, 64), (128, v, 2, 16, 8))]
     return [bcl.Config(threads=128, vec=v, outs=2, halo="shfl"), bcl.Config(threads=128, vec=v, outs=2, halo="l1"),
             bcl.Config(threads=64, vec=v, outs=2, halo="l1"), bcl.Config(threads=128, vec=v, outs=4, halo="l1"),
             bcl.Config(threads=256, vec=v, outs=1, walk="row", halo="async"),

@@ -35,7 +35,7 @@ def test_entries_record_where_their_numbers_came_from():
 
 
 def test_target_shape_is_frozen():
-    assert "32x512x8192_k3_s1_p1_d1_fp32_nobias" in {e["key"] for e in m["entries"]}
+    assert "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias" in {e["key"] for e in m["entries"]}
 
 
 def test_imports_need_only_torch():
