@@ -6,9 +6,9 @@ import json
 import pytest
 
 from dwgen.build import Build
+from dwgen.freeze import SCHEMA
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.freeze import SCHEMA
 from dwgen.space import Config, enumerate_space, known_good
 from search import loop
 from search import study as st
