@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dwgen import build as builder
 from dwgen import freeze as frz
@@ -11,6 +12,9 @@ from dwgen.problem import Problem
 from dwgen.space import Config, Variant, violations
 from search import loop
 from search import study as st
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
 
 
 class UserError(RuntimeError):
@@ -71,8 +75,8 @@ def previous_config(problem: Problem, out_dir: Path) -> Config | None:
 
 
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
-                 storage: str | None, build, frozen: Variant | None, seeds: tuple[Config, ...] = (),
-                 log=print) -> frz.Winner | None:
+                 storage: str | BaseStorage | None, build, frozen: Variant | None,
+                 seeds: tuple[Config, ...] = (), log=print) -> frz.Winner | None:
     """Search one problem and decide its winner; None when no variant was correct."""
     from dwgen.worker import GpuWorker
 
@@ -116,10 +120,14 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     elif storage == "memory":
         storage = None
     log(f"tuning {len(problems)} problem(s) on {gpu_arch()}; storage {storage or 'in memory'}")
+    try:
+        opened = st.open_storage(storage) if storage else None
+    except st.StorageError as e:
+        raise UserError(str(e)) from e
     winners: list[frz.Winner] = []
     for p in problems:
         previous = previous_config(p, out_dir)
-        w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=storage,
+        w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=opened,
                          build=build, frozen=frozen_variant(p, out_dir), seeds=(previous,) if previous else (),
                          log=log)
         if w is not None:
