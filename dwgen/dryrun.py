@@ -6,13 +6,36 @@ from pathlib import Path
 
 from dwgen import build, render
 from dwgen.problem import Problem
-from dwgen.space import enumerate_space
+from dwgen.space import MAX_WINDOW_FLOATS, all_configs, enumerate_space, violations
+
+# What a user can change when one restriction rules out every config; the others name themselves.
+_HINTS = {
+    "window_fits_registers": lambda p: (f"the dilated kernel spans (K-1)*dilation+1 = "
+                                        f"{(p.kernel_size - 1) * p.dilation + 1} inputs and a thread holds at most "
+                                        f"{MAX_WINDOW_FLOATS}: lower --kernel-size or --dilation"),
+}
+
+
+def no_variant_reason(problem: Problem) -> str | None:
+    """Why the problem has no valid variant to build (the restrictions every config breaks); None when it has."""
+    broken: set[str] | None = None
+    for c in all_configs():
+        bad = violations(problem, c)
+        if not bad:
+            return None
+        broken = set(bad) if broken is None else broken & set(bad)
+    names = sorted(broken or ())
+    why = "; ".join(_HINTS[n](problem) for n in names if n in _HINTS) or "each config breaks some restriction"
+    return f"no variant of {problem.key} can be built ({', '.join(names) or 'mixed restrictions'}): {why}"
 
 
 def dry_run(problem: Problem, arch: str, cache_dir: Path, jobs: int | None = None, limit: int | None = None,
             log=print) -> int:
     """Compile every valid variant for `arch`; returns 0 when all built, 1 otherwise."""
     variants = enumerate_space(problem)[:limit]
+    if not variants:
+        log(no_variant_reason(problem) or f"{problem.key}: nothing to compile (limit {limit})")
+        return 1
     log(f"{problem.key}: {len(variants)} valid variants, compiling for {arch} with nvcc {build.nvcc_version()}")
     t0 = time.perf_counter()
     jobs_ = [(v.name, render.render_variant(v), build.build_key(v.digest, arch)) for v in variants]
