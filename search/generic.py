@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from dwgen import cli
 from dwgen.freeze import atomic_write
 from dwgen.problem import Problem
 from dwgen.space import GENERIC_FILE, GENERIC_KERNEL_SIZES, Config, Variant, generic_problem, violations
@@ -72,19 +73,44 @@ def choose(k: int, build, log=print, rounds: int = 40) -> dict:
             "geomean_x_copy": geo[best]}
 
 
+def parse_kernel_sizes(text: str) -> list[int]:
+    """--kernel-sizes: comma-separated K values that have a generic kernel; ValueError says which is wrong."""
+    ks = []
+    for x in (x.strip() for x in text.split(",")):
+        if not x:
+            continue
+        if not x.isdigit() or int(x) not in GENERIC_KERNEL_SIZES:
+            raise ValueError(f"K={x} has no generic kernel; choose from {', '.join(map(str, GENERIC_KERNEL_SIZES))}")
+        ks.append(int(x))
+    if not ks:
+        raise ValueError("--kernel-sizes names no K")
+    return ks
+
+
+def read_choices(path: Path) -> dict:
+    """The choices already in --out (empty when it does not exist yet); checked before an hour of measuring."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("fp32", {}), dict):
+        raise ValueError(f"{path} is not a file of generic kernel choices (a JSON object with an 'fp32' object)")
+    return data
+
+
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m search.generic", description=__doc__,
+    ap = cli.OneLineParser(prog="python -m search.generic", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel-sizes", default=",".join(map(str, GENERIC_KERNEL_SIZES)),
                     help="comma-separated K values to (re)choose; the others keep their choice")
     ap.add_argument("--out", type=Path, default=GENERIC_FILE)
-    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--jobs", type=cli.int_range(1), default=None)
     a = ap.parse_args(argv)
     try:
-        ks = [int(x) for x in a.kernel_sizes.split(",") if x]
-        bad = [k for k in ks if k not in GENERIC_KERNEL_SIZES]
-        if bad:
-            raise ValueError(f"K={bad[0]} has no generic kernel; choose from {GENERIC_KERNEL_SIZES}")
+        ks = parse_kernel_sizes(a.kernel_sizes)
+        data = read_choices(a.out)
     except ValueError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
         return 2
@@ -97,7 +123,6 @@ def main(argv: list[str]) -> int:
         return 1
     from dwgen.worker import machine_info
 
-    data = json.loads(a.out.read_text()) if a.out.exists() else {}
     chosen = data.setdefault("fp32", {})
     t0 = time.perf_counter()
     for k in ks:
