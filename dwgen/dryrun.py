@@ -6,13 +6,41 @@ from pathlib import Path
 
 from dwgen import build, render
 from dwgen.problem import Problem
-from dwgen.space import enumerate_space
+from dwgen.families import bcl, blc
+from dwgen.space import all_configs, enumerate_space, family_of, violations
+
+# What a user can change when one restriction rules out every config; the others name themselves.
+_HINTS = {
+    "window_fits_registers": lambda p: (f"the dilated kernel spans (K-1)*dilation+1 = "
+                                        f"{(p.kernel_size - 1) * p.dilation + 1} inputs and a thread holds at most "
+                                        f"{bcl.MAX_WINDOW_FLOATS}: lower --kernel-size or --dilation"),
+    "fits_registers": lambda p: (f"a (B, L, C) thread holds its K weights and a window of "
+                                 f"{(p.kernel_size - 1) * p.dilation + 1}+ inputs per channel, more than "
+                                 f"{blc.MAX_REGISTER_FLOATS} registers: lower --kernel-size or --dilation"),
+    "channels_whole_vectors": lambda p: f"{p.channels} channels are not a multiple of any vector width but 1",
+}
+
+
+def no_variant_reason(problem: Problem) -> str | None:
+    """Why the problem has no valid variant to build (the restrictions every config breaks); None when it has."""
+    broken: set[str] | None = None
+    for c in all_configs(family_of(problem)):
+        bad = violations(problem, c)
+        if not bad:
+            return None
+        broken = set(bad) if broken is None else broken & set(bad)
+    names = sorted(broken or ())
+    why = "; ".join(_HINTS[n](problem) for n in names if n in _HINTS) or "each config breaks some restriction"
+    return f"no variant of {problem.key} can be built ({', '.join(names) or 'mixed restrictions'}): {why}"
 
 
 def dry_run(problem: Problem, arch: str, cache_dir: Path, jobs: int | None = None, limit: int | None = None,
             log=print) -> int:
     """Compile every valid variant for `arch`; returns 0 when all built, 1 otherwise."""
     variants = enumerate_space(problem)[:limit]
+    if not variants:
+        log(no_variant_reason(problem) or f"{problem.key}: nothing to compile (limit {limit})")
+        return 1
     log(f"{problem.key}: {len(variants)} valid variants, compiling for {arch} with nvcc {build.nvcc_version()}")
     t0 = time.perf_counter()
     jobs_ = [(v.name, render.render_variant(v), build.build_key(v.digest, arch)) for v in variants]

@@ -5,30 +5,46 @@ import argparse
 import shlex
 from pathlib import Path
 
+from dwgen import cli
 from dwgen.problem import KNOWN_DTYPES, LAYOUTS, Problem, ProblemError
 
+# What dwgen's kernels are written for; beyond these a tune has nothing to build (K and dilation make the
+# register window, stride the load pattern).
+KERNEL_SIZES = (1, 64)
+STRIDES = (1, 4)
+DILATIONS = (1, 8)
 
-def add_problem_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--shape", help="BxCxL, e.g. 32x512x8192")
-    ap.add_argument("--kernel-size", "-k", type=int, default=3)
-    ap.add_argument("--stride", type=int, default=1)
-    ap.add_argument("--padding", type=int, default=None, help="default: (K-1)/2*dilation, 'same' for odd K")
-    ap.add_argument("--dilation", type=int, default=1)
-    ap.add_argument("--bias", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--dtype", default="fp32", help=f"one of {', '.join(KNOWN_DTYPES)}")
-    ap.add_argument("--layout", default="bcl", help=f"memory order of x and y: {' or '.join(LAYOUTS)} "
-                    "(blc: (B, L, C) in memory, passed as x.transpose(1, 2))")
+
+def add_problem_arguments(ap: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Add the flags that describe one problem; returns their actions."""
+    return [ap.add_argument("--shape", help="BxCxL, e.g. 32x512x8192"),
+            ap.add_argument("--kernel-size", "-k", type=cli.int_range(*KERNEL_SIZES), default=3,
+                            help=f"K, {KERNEL_SIZES[0]} to {KERNEL_SIZES[1]} (default 3)"),
+            ap.add_argument("--stride", type=cli.int_range(*STRIDES), default=1,
+                            help=f"{STRIDES[0]} to {STRIDES[1]} (default 1)"),
+            ap.add_argument("--padding", type=cli.padding, default=None,
+                            help="an integer, or 'same' ((K-1)/2*dilation, odd K only); "
+                            "default: (K-1)//2*dilation"),
+            ap.add_argument("--dilation", type=cli.int_range(*DILATIONS), default=1,
+                            help=f"{DILATIONS[0]} to {DILATIONS[1]} (default 1)"),
+            ap.add_argument("--bias", action=argparse.BooleanOptionalAction, default=False),
+            ap.add_argument("--dtype", default="fp32", help=f"one of {', '.join(KNOWN_DTYPES)}"),
+            ap.add_argument("--layout", default="bcl", help=f"memory order of x and y: {' or '.join(LAYOUTS)} "
+                            "(blc: (B, L, C) in memory, passed as x.transpose(1, 2))")]
 
 
 def problem_from_args(a: argparse.Namespace) -> Problem:
     if not a.shape:
         raise ProblemError("no --shape BxCxL given")
-    padding = a.padding if a.padding is not None else (a.kernel_size - 1) // 2 * a.dilation
+    if a.padding == "same" and a.kernel_size % 2 == 0:
+        raise ProblemError(f"--padding same needs an odd kernel size (K={a.kernel_size} cannot be centred); "
+                           "give --padding N")
+    padding = a.padding if isinstance(a.padding, int) else (a.kernel_size - 1) // 2 * a.dilation
     return Problem.from_shape(a.shape, kernel_size=a.kernel_size, stride=a.stride, padding=padding,
                               dilation=a.dilation, dtype=a.dtype, bias=a.bias, layout=a.layout)
 
 
-class _LineParser(argparse.ArgumentParser):
+class _LineParser(cli.OneLineParser):
     def error(self, message: str):  # a bad suite line is reported with its place, not by exiting
         raise ProblemError(message)
 
@@ -37,16 +53,20 @@ def read_suite(path: Path) -> list[Problem]:
     """Problems of a suite file: one per line in the problem flags above; '#' starts a comment."""
     if not path.exists():
         raise ProblemError(f"suite file {path} not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProblemError(f"cannot read suite file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
     parser = _LineParser(add_help=False)
     add_problem_arguments(parser)
     problems = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         try:
             problems.append(problem_from_args(parser.parse_args(shlex.split(line))))
-        except ProblemError as e:
+        except (ProblemError, ValueError) as e:  # ValueError: shlex's unclosed quotation
             raise ProblemError(f"{path}:{n}: {e}: {line}") from None
     if not problems:
         raise ProblemError(f"suite file {path} lists no problems")

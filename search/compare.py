@@ -12,6 +12,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from dwgen import cli
 from dwgen.problem import ProblemError
 from dwgen.space import Variant, config_from_name, family_of, violations
 from dwgen.suite import add_problem_arguments, problem_from_args
@@ -34,14 +35,14 @@ def widen(variants: list[Variant], axes: list[str]) -> list[Variant]:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m search.compare", description=__doc__,
+    ap = cli.OneLineParser(prog="python -m search.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(ap)
     ap.add_argument("names", nargs="+", help="variant names, e.g. dw1d_f32_k3_t128_v4_o2_l1")
     ap.add_argument("--vary", default="", help="comma-separated axes of the problem's family to widen each variant "
                     "along, e.g. threads,halo")
-    ap.add_argument("--rounds", type=int, default=RETIME_ROUNDS)
-    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--rounds", type=cli.int_range(1), default=RETIME_ROUNDS)
+    ap.add_argument("--jobs", type=cli.int_range(1), default=None)
     a = ap.parse_args(argv)
     axes = [x for x in a.vary.split(",") if x]
     try:

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from dwgen import cli
 from dwgen.dtypes import DTYPES
 from dwgen.families import bcl, blc
 from dwgen.problem import LAYOUTS, Problem
@@ -78,32 +79,32 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) 
             "geomean_x_copy": geo[best], "machine": machine}
 
 
-def _csv(text: str, allowed: tuple, what: str, cast=str) -> list:
-    try:
-        values = [cast(x) for x in text.split(",") if x]
-    except ValueError:
-        raise ValueError(f"{what} must be a comma-separated list of {', '.join(map(str, allowed))}") from None
-    bad = [x for x in values if x not in allowed]
-    if bad or not values:
-        raise ValueError(f"{what}: {bad[0] if bad else 'nothing'} has no generic kernel; choose from "
-                         f"{', '.join(map(str, allowed))}")
-    return values
+def _csv(text: str, allowed: tuple, what: str) -> list:
+    """Comma-separated values from `allowed` (compared as text); ValueError names the first that is not."""
+    names = {str(a): a for a in allowed}
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in values if x not in names]
+    if bad:
+        raise ValueError(f"{what}={bad[0]} has no generic kernel; choose from {', '.join(names)}")
+    if not values:
+        raise ValueError(f"--{what.lower()} names nothing")
+    return [names[x] for x in values]
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m search.generic", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(prog="python -m search.generic", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel-sizes", default=",".join(map(str, GENERIC_KERNEL_SIZES)),
                     help="comma-separated K values to (re)choose; the others keep their choice")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
-    ap.add_argument("--out", type=Path, default=None, help="the frozen module to update (default generated/)")
-    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--out", type=cli.directory, default=None, help="the frozen module to update (default generated/)")
+    ap.add_argument("--jobs", type=cli.int_range(1), default=None)
     a = ap.parse_args(argv)
     try:
-        ks = _csv(a.kernel_sizes, GENERIC_KERNEL_SIZES, "--kernel-sizes", int)
-        dtypes = _csv(a.dtypes, tuple(DTYPES), "--dtypes")
-        layouts = _csv(a.layouts, LAYOUTS, "--layouts")
+        ks = _csv(a.kernel_sizes, GENERIC_KERNEL_SIZES, "K")
+        dtypes = _csv(a.dtypes, tuple(DTYPES), "dtype")
+        layouts = _csv(a.layouts, LAYOUTS, "layout")
     except ValueError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
         return 2

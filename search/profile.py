@@ -12,23 +12,23 @@ import argparse
 import sys
 from pathlib import Path
 
+from dwgen import cli
 from dwgen.problem import ProblemError
 from dwgen.space import Variant, config_from_name
 from dwgen.suite import add_problem_arguments, problem_from_args
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m search.profile", description=__doc__,
+    ap = cli.OneLineParser(prog="python -m search.profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(ap)
     ap.add_argument("names", nargs="+", help="variant names, e.g. dw1d_f32_k3_t128_v4_o2_l1")
-    ap.add_argument("--launches", type=int, default=3, help="launches per variant (default 3)")
+    ap.add_argument("--launches", type=cli.int_range(1), default=3,
+                    help="launches per variant (default 3)")
     a = ap.parse_args(argv)
     try:
         problem = problem_from_args(a)
         variants = [Variant(problem, config_from_name(n, problem)) for n in a.names]
-        if a.launches < 1:
-            raise ProblemError("--launches must be at least 1")
     except (ProblemError, ValueError) as e:
         print(f"python -m search.profile: {e}", file=sys.stderr)
         return 2

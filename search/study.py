@@ -36,11 +36,27 @@ def default_storage(runs_dir: Path = DEFAULT_RUNS_DIR) -> str:
     return f"sqlite:///{runs_dir / 'dwgen.db'}"
 
 
+class StorageError(RuntimeError):
+    """A storage URL that could not be opened: no such database, no driver for it, not an Optuna database."""
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """Open an Optuna RDB storage once, so that a bad URL is one line before any search and not a traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        return optuna.storages.RDBStorage(url)
+    except (SQLAlchemyError, ImportError) as e:  # ImportError: the database's Python driver is not installed
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StorageError(f"cannot open storage {url}: {first}") from e
+
+
 def study_name(p: Problem) -> str:
     return f"dwgen-{SPACE_TAG}-{p.key}"
 
 
-def open_study(p: Problem, storage: str | None, sampler: str, seed: int) -> optuna.Study:
+def open_study(p: Problem, storage: str | optuna.storages.BaseStorage | None, sampler: str,
+               seed: int) -> optuna.Study:
     """Create or resume the problem's study (storage None keeps it in memory, for tests)."""
     return optuna.create_study(study_name=study_name(p), storage=storage, sampler=make_sampler(sampler, seed, p),
                                direction="minimize", load_if_exists=True)

@@ -7,6 +7,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dwgen import build as builder
 from dwgen import freeze as frz
@@ -17,6 +18,8 @@ from search import loop
 from search import study as st
 
 ROOT = Path(__file__).resolve().parent.parent
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
 
 
 class UserError(RuntimeError):
@@ -77,7 +80,7 @@ def previous_config(problem: Problem, out_dir: Path):
 
 
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
-                 storage: str | None, build, frozen: Variant | None, seeds: tuple = (),
+                 storage: str | BaseStorage | None, build, frozen: Variant | None, seeds: tuple = (),
                  log=print) -> frz.Winner | None:
     """Search one problem and decide its winner; None when no variant was correct."""
     from dwgen.worker import GpuWorker
@@ -143,10 +146,14 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     elif storage == "memory":
         storage = None
     log(f"tuning {len(problems)} problem(s) on {gpu_arch()}; storage {storage or 'in memory'}")
+    try:
+        opened = st.open_storage(storage) if storage else None
+    except st.StorageError as e:
+        raise UserError(str(e)) from e
     winners: list[frz.Winner] = []
     for p in problems:
         previous = previous_config(p, out_dir)
-        w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=storage,
+        w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=opened,
                          build=build, frozen=frozen_variant(p, out_dir), seeds=(previous,) if previous else (),
                          log=log)
         if w is not None:

@@ -33,11 +33,19 @@ def load_module(path, name):
 def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
     w = winner(Problem(32, 512, 8192), Config(threads=256, vec=4, outs=1, halo="l1", stream=True))
     m = freeze.freeze([w], tmp_path, log=lambda s: None)
-    (e,) = m["entries"]
-    assert e["problem"] == w.variant.problem.to_dict()
-    assert e["kernel"] == w.variant.name and e["digest"] == w.variant.digest
-    assert e["measured"]["kernel_ms"] == 0.27 and e["measured"]["x_copy"] == pytest.approx(0.27 / 0.26)
-    assert e["machine"]["gpu"] == "NVIDIA H200"
+    (e,) = json.loads((tmp_path / "manifest.json").read_text())["entries"]
+    # Expected values written out by hand, each number distinct, so that a field copied from the wrong
+    # place or a ratio taken the wrong way round shows.
+    assert e["problem"] == {"batch": 32, "channels": 512, "length": 8192, "kernel_size": 3, "stride": 1,
+                            "padding": 1, "dilation": 1, "dtype": "fp32", "bias": False,
+                            "layout": "bcl"}
+    assert e["key"] == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias"
+    assert e["kernel"] == "dw1d_f32_k3_t256_v4_o1_l1_cs" and e["digest"] == w.variant.digest
+    assert e["config"]["threads"] == 256 and e["config"]["halo"] == "l1" and e["config"]["stream"] is True
+    assert e["measured"] == {"kernel_ms": 0.27, "copy_ms": 0.26, "torch_ms": 1.27,
+                             "x_copy": pytest.approx(1.0384615), "speedup_vs_torch": pytest.approx(4.7037037),
+                             "max_rel_error": 1e-7, "reps": 50}
+    assert e["machine"] == MACHINE
     kernels = {k["name"]: k for k in m["kernels"]}
     assert (tmp_path / kernels[w.variant.name]["file"]).read_text() == render.render_variant(w.variant)
     for dtype, rec in m["generic"]["scalar"].items():

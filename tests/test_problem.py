@@ -59,7 +59,7 @@ def test_key_is_canonical_and_distinct():
     variants = {a, Problem(32, 512, 8192, 3, 2, 1, 1), Problem(32, 512, 8192, 3, 1, 1, 1, bias=True),
                 Problem(32, 512, 8192, 3, 1, 2, 1), Problem(32, 512, 8192, 3, 1, 1, 2),
                 Problem(32, 512, 8192, 3, 1, 1, 1, "bf16"), Problem(32, 512, 8192, 3, 1, 1, 1, layout="blc")}
-    assert len({p.key for p in variants}) == 5
+    assert len({p.key for p in variants}) == len(variants) == 7
 
 
 def test_min_bytes_counts_input_and_output():

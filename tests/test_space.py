@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -19,6 +23,7 @@ from dwgen.space import (
     known_good,
     violations,
 )
+from tests.conftest import ROOT
 
 PROBLEMS = [
     Problem(32, 512, 8192, 3, 1, 1),
@@ -77,8 +82,13 @@ def test_names_and_digests_unique_and_stable():
     vs = enumerate_space(p)
     assert len({v.name for v in vs}) == len(vs)
     assert len({v.digest for v in vs}) == len(vs)
-    again = [Variant(p, Config(**v.config.to_dict())) for v in vs[:20]]
-    assert [v.digest for v in again] == [v.digest for v in vs[:20]]
+    # Stable means the same in another process with another string-hash seed (a digest built on hash() or
+    # on a set's order would differ there), not only the same twice in this one.
+    script = ("import json; from dwgen.problem import Problem; from dwgen.space import enumerate_space; "
+              f"print(json.dumps([[v.name, v.digest] for v in enumerate_space(Problem(**{p.to_dict()!r}))[:20]]))")
+    there = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT,
+                           env={**os.environ, "PYTHONHASHSEED": "7"}).stdout
+    assert json.loads(there) == [[v.name, v.digest] for v in vs[:20]]
 
 
 def test_digest_ignores_runtime_arguments_but_not_signature():

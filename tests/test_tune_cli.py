@@ -8,24 +8,10 @@ import pytest
 
 from dwgen.suite import read_suite
 from tests.conftest import ROOT, has_gpu
-from tune import main
 
 
 def run(*args):
     return subprocess.run([sys.executable, str(ROOT / "tune.py"), *args], capture_output=True, text=True, cwd=ROOT)
-
-
-@pytest.mark.parametrize("args, msg", [
-    (["--shape", "32x512"], "malformed shape"),
-    (["--shape", "0x512x8192"], "batch must be a positive integer"),
-    (["--shape", "2x2x2", "--kernel-size", "5", "--padding", "0"], "no output"),
-    (["--shape", "2x2x64", "--layout", "nhwc"], "unknown layout"),
-    ([], "give either --shape"),
-])
-def test_bad_problems_refused_in_one_line(args, msg, capsys):
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert msg in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.skipif(has_gpu(), reason="checks the no-GPU message")
@@ -53,16 +39,3 @@ def test_dry_run_compiles_a_small_space(tmp_path):
     out = run("--shape", "1x1x128", "--kernel-size", "31", "--dry-run", "--runs-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "built" in out.stdout and "FAILED" not in out.stdout
-
-
-@pytest.mark.parametrize("module, args, msg", [
-    ("search.compare", ["--shape", "4x8x1000", "dw1d_f32_k7_t128_v4_o2_l1"], "is not a variant of"),
-    ("search.compare", ["--shape", "4x8x1000", "dw1d_f32_k3_t128_v4_o2_l1", "--vary", "colour"], "unknown axis"),
-    ("search.generic", ["--kernel-sizes", "12"], "has no generic kernel"),
-    ("search.profile", ["--shape", "4x8x1000", "dw1d_f32_k7_t128_v4_o2_l1"], "is not a variant of"),
-    ("search.profile", ["--shape", "4x8x1000", "dw1d_f32_k3_t128_v4_o2_l1", "--launches", "0"], "at least 1"),
-])
-def test_experiment_tools_refuse_bad_input_in_one_line(module, args, msg):
-    r = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2
-    assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -9,14 +9,13 @@ Writes results.json and results.md.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from dwgen import bench, check
+from dwgen import bench, check, cli
 from dwgen.bench.contenders import CONTENDERS
-from dwgen.problem import Problem
+from dwgen.problem import Problem, ProblemError
 from dwgen.suite import read_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,12 +142,25 @@ def markdown(results: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dwgen.bench", description=__doc__)
+    ap = cli.OneLineParser(prog="python -m dwgen.bench", description=__doc__)
     ap.add_argument("--suite", type=Path, action="append",
                     help="suite file(s); default: benchmarks/suite.txt and benchmarks/untuned.txt")
     ap.add_argument("--only", default=None, help="comma-separated contenders (default: all)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks", help="where results.json/.md go")
+    ap.add_argument("--out", type=cli.directory, default=ROOT / "benchmarks", help="where results.json/.md go")
     a = ap.parse_args(argv)
+    # Everything the user wrote is checked before the GPU is asked for, so that a typo is not reported late.
+    names = [n for n in a.only.split(",") if n] if a.only is not None else list(CONTENDERS)
+    unknown = sorted(set(names) - set(CONTENDERS))
+    if unknown or not names:
+        print(f"python -m dwgen.bench: unknown contender(s) {unknown or [a.only]}; choose from "
+              f"{', '.join(CONTENDERS)}", file=sys.stderr)
+        return 2
+    try:
+        suites = {path: read_suite(path)
+                  for path in a.suite or [ROOT / "benchmarks" / "suite.txt", ROOT / "benchmarks" / "untuned.txt"]}
+    except ProblemError as e:
+        print(f"python -m dwgen.bench: {e}", file=sys.stderr)
+        return 2
     import torch
 
     if not torch.cuda.is_available():
@@ -156,17 +168,10 @@ def main(argv: list[str]) -> int:
         return 1
     from dwgen.worker import machine_info
 
-    suites = a.suite or [ROOT / "benchmarks" / "suite.txt", ROOT / "benchmarks" / "untuned.txt"]
-    names = a.only.split(",") if a.only else list(CONTENDERS)
-    unknown = set(names) - set(CONTENDERS)
-    if unknown:
-        print(f"python -m dwgen.bench: unknown contender(s) {sorted(unknown)}; choose from {list(CONTENDERS)}",
-              file=sys.stderr)
-        return 2
     results = {"machine": machine_info(), "suites": {}}
-    for path in suites:
+    for path, problems in suites.items():
         rows = []
-        for p in read_suite(path):
+        for p in problems:
             print(f"{p.key} ...", flush=True)
             rows += measure(p, names)
         results["suites"][path.stem] = rows
