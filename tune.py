@@ -30,6 +30,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true", help="render and nvcc-compile the space; no GPU needed")
     ap.add_argument("--arch", default="sm_90", help="target of --dry-run builds (search builds for the GPU)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: all cores)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar (nor progress lines when not a terminal)")
     return ap.parse_args(argv)
 
 
@@ -48,10 +49,11 @@ def main(argv: list[str]) -> int:
 
     try:
         if a.dry_run:
-            return max(dry_run(p, arch=a.arch, cache_dir=a.runs_dir / "build", jobs=a.jobs) for p in problems)
+            return max(dry_run(p, arch=a.arch, cache_dir=a.runs_dir / "build", jobs=a.jobs, quiet=a.quiet)
+                       for p in problems)
         return workflow.tune(problems, trials=a.trials, timeout_s=a.timeout, sampler=a.sampler, seed=a.seed,
                              storage=a.storage, runs_dir=a.runs_dir, out_dir=a.out, freeze=not a.no_freeze,
-                             jobs=a.jobs)
+                             jobs=a.jobs, quiet=a.quiet)
     except (workflow.UserError, ToolchainError) as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 1
