@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, epilog="tune.py show [PROBLEM] [--source] [--json]: "
+                                 "what generated/ holds (tune.py show --help)")
     add_problem_arguments(ap)
     ap.add_argument("--suite", type=Path, help="file of problems, one per line in these flags, e.g. "
                     "'--shape 16x1024x4096 --kernel-size 7'; all are tuned and frozen into one manifest")
@@ -34,7 +35,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def parse_show_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="tune.py show", description="List what generated/ holds: problem, dtype, "
+                                 "layout, direction, kernel, ms, x copy, speedup over PyTorch, GPU, date.")
+    ap.add_argument("problem", nargs="?", help="one problem: its key, the start of one key (e.g. 32x512x8192) "
+                    "or its kernel's name")
+    ap.add_argument("--source", action="store_true", help="print the problem's frozen CUDA kernel")
+    ap.add_argument("--json", action="store_true", help="print the rows (and --source text) as JSON")
+    ap.add_argument("--out", type=Path, default=ROOT / "generated", help="the frozen module to read (tune's --out)")
+    return ap.parse_args(argv)
+
+
+def show(argv: list[str]) -> int:
+    from dwgen import show as frozen
+
+    a = parse_show_args(argv)
+    try:
+        print(frozen.show(a.out, a.problem, with_source=a.source, as_json=a.json))
+    except frozen.ShowError as e:
+        print(f"tune.py show: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["show"]:  # a subcommand before any flag: `python tune.py --shape ...` stays as it was
+        return show(argv[1:])
     a = parse_args(argv)
     try:
         if bool(a.shape) == bool(a.suite):
@@ -62,6 +88,6 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     t0 = time.perf_counter()
     rc = main(sys.argv[1:])
-    if rc == 0:
+    if rc == 0 and sys.argv[1:2] != ["show"]:
         print(f"tune.py: done in {time.perf_counter() - t0:.1f} s wall")
     sys.exit(rc)
