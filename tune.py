@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--arch", default="sm_90", help="target of --dry-run builds (search builds for the GPU)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: all cores)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar (nor progress lines when not a terminal)")
+    ap.add_argument("--json", action="store_true", help="print the winners (with --dry-run: the builds) as JSON "
+                    "on stdout; the log goes to stderr")
     return ap.parse_args(argv)
 
 
@@ -59,6 +63,7 @@ def show(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    t0 = time.perf_counter()
     if argv[:1] == ["show"]:  # a subcommand before any flag: `python tune.py --shape ...` stays as it was
         return show(argv[1:])
     a = parse_args(argv)
@@ -70,24 +75,30 @@ def main(argv: list[str]) -> int:
         print(f"tune.py: {e}", file=sys.stderr)
         return 2
     from dwgen.build import ToolchainError
-    from dwgen.dryrun import dry_run
+    from dwgen.dryrun import build_rows, dry_run
+    from dwgen.show import winner_row
     from search import workflow
 
+    log = functools.partial(print, file=sys.stderr) if a.json else print  # --json: stdout holds only the JSON
+    rows: list[dict] = []
     try:
         if a.dry_run:
-            return max(dry_run(p, arch=a.arch, cache_dir=a.runs_dir / "build", jobs=a.jobs, quiet=a.quiet)
-                       for p in problems)
-        return workflow.tune(problems, trials=a.trials, timeout_s=a.timeout, sampler=a.sampler, seed=a.seed,
-                             storage=a.storage, runs_dir=a.runs_dir, out_dir=a.out, freeze=not a.no_freeze,
-                             jobs=a.jobs, quiet=a.quiet)
+            rc = max([dry_run(p, arch=a.arch, cache_dir=a.runs_dir / "build", jobs=a.jobs, quiet=a.quiet, log=log,
+                              report=lambda q, builds: rows.extend(build_rows(q, builds))) for p in problems])
+        else:
+            rc = workflow.tune(problems, trials=a.trials, timeout_s=a.timeout, sampler=a.sampler, seed=a.seed,
+                               storage=a.storage, runs_dir=a.runs_dir, out_dir=a.out, freeze=not a.no_freeze,
+                               jobs=a.jobs, quiet=a.quiet, log=log,
+                               report=lambda ws: rows.extend(winner_row(w, frozen=not a.no_freeze) for w in ws))
     except (workflow.UserError, ToolchainError) as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 1
+    if a.json:
+        print(json.dumps(rows, indent=2))
+    if rc == 0:
+        log(f"tune.py: done in {time.perf_counter() - t0:.1f} s wall")
+    return rc
 
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    rc = main(sys.argv[1:])
-    if rc == 0 and sys.argv[1:2] != ["show"]:
-        print(f"tune.py: done in {time.perf_counter() - t0:.1f} s wall")
-    sys.exit(rc)
+    sys.exit(main(sys.argv[1:]))

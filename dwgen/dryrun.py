@@ -53,3 +53,10 @@ def summary(results: list[build.Build], wall_s: float) -> str:
              "stores and loads in all)" if spilled else "no variant spills registers")
     return (f"built {len(ok)}/{len(results)} in {wall_s:.1f} s wall ({sum(b.seconds for b in results):.1f} s of "
             f"nvcc{f', {cached} from the build cache' if cached else ''}); {spill}")
+
+
+def build_rows(problem: Problem, builds: list[build.Build]) -> list[dict]:
+    """The dry run's table as JSON rows (tune.py --dry-run --json)."""
+    return [{"problem": problem.key, "variant": b.name, "status": b.status, "registers": b.registers,
+             "spill_bytes": b.spill_bytes, "smem_bytes": b.smem_bytes, "stack_bytes": b.stack_bytes,
+             "nvcc_s": b.seconds, "cached": b.cached, "log": b.log_path} for b in builds]

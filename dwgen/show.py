@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dwgen.freeze import read_manifest
+from dwgen.freeze import Winner, read_manifest
 
 # (row field, table heading); the JSON rows carry these fields and a few more.
 COLUMNS = (("problem", "problem"), ("dtype", "dtype"), ("layout", "layout"), ("direction", "direction"),
@@ -37,6 +37,17 @@ def entry_row(entry: dict, kernels: dict[str, dict] | None = None) -> dict:
         "digest": entry.get("digest", ""),
         "file": record.get("file", ""),
     }
+
+
+def winner_row(w: Winner, frozen: bool) -> dict:
+    """A tuning run's winner as a row of the same form, so that scripts read one format (tune.py --json)."""
+    v, r = w.variant, w.result
+    measured = {"kernel_ms": r.kernel_ms, "copy_ms": r.copy_ms, "torch_ms": r.torch_ms, "x_copy": r.x_copy,
+                "speedup_vs_torch": r.speedup}
+    row = entry_row({"key": v.problem.key, "kernel": v.name, "digest": v.digest, "problem": v.problem.to_dict(),
+                     "measured": measured, "machine": w.machine})
+    del row["file"]  # named by the freeze, not known here
+    return {**row, "frozen": frozen}
 
 
 def rows(manifest: dict) -> list[dict]:

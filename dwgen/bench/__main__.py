@@ -143,6 +143,7 @@ def main(argv: list[str]) -> int:
                     help="suite file(s); default: benchmarks/suite.txt and benchmarks/untuned.txt")
     ap.add_argument("--only", default=None, help="comma-separated contenders (default: all)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks", help="where results.json/.md go")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     a = ap.parse_args(argv)
     import torch
 
@@ -162,14 +163,14 @@ def main(argv: list[str]) -> int:
     for path in suites:
         rows = []
         for p in read_suite(path):
-            print(f"{p.key} ...", flush=True)
+            print(f"{p.key} ...", flush=True, file=sys.stderr if a.json else sys.stdout)
             rows += measure(p, names)
         results["suites"][path.stem] = rows
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     md = markdown(results)
     (a.out / "results.md").write_text(md + "\n")
-    print(md)
+    print(json.dumps(results, indent=2) if a.json else md)
     return 0
 
 
