@@ -1,84 +1,12 @@
 #!/usr/bin/env python3
-"""Tune a depthwise conv1d problem and freeze the winner into generated/ (argument parsing and wiring)."""
+"""Tune a depthwise conv1d problem and freeze the winner into generated/ (the command line is search/cli.py)."""
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from pathlib import Path
 
-from dwgen import cli
-from dwgen.problem import ProblemError
-from dwgen.suite import add_problem_arguments, problem_from_args, read_suite
+from search.cli import main, run
 
-ROOT = Path(__file__).resolve().parent
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = cli.OneLineParser(prog="tune.py", description=__doc__)
-    problem_flags = add_problem_arguments(ap)
-    ap.add_argument("--suite", type=Path, help="file of problems, one per line in these flags, e.g. "
-                    "'--shape 16x1024x4096 --kernel-size 7'; all are tuned and frozen into one manifest")
-    ap.add_argument("--trials", type=cli.int_range(1), default=120, help="new variants to build and evaluate")
-    ap.add_argument("--timeout", type=cli.positive_seconds, default=None,
-                    help="stop searching after this many seconds")
-    ap.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid"))
-    # numpy, under Optuna's samplers, takes seeds of 32 bits
-    ap.add_argument("--seed", type=cli.int_range(0, 2**32 - 1), default=0)
-    ap.add_argument("--storage", type=cli.storage, default=None,
-                    help="Optuna storage URL: sqlite:///FILE, postgresql://..., mysql://... (default: an sqlite "
-                    "file under runs/); 'memory' keeps nothing")
-    ap.add_argument("--runs-dir", type=cli.directory, default=ROOT / "runs")
-    ap.add_argument("--out", type=cli.directory, default=ROOT / "generated", help="where the frozen module goes")
-    ap.add_argument("--no-freeze", action="store_true", help="search and report, leave generated/ alone")
-    ap.add_argument("--dry-run", action="store_true", help="render and nvcc-compile the space; no GPU needed")
-    ap.add_argument("--arch", type=cli.arch, default="sm_90",
-                    help="target of --dry-run builds (search builds for the GPU)")
-    ap.add_argument("--jobs", type=cli.int_range(1), default=None, help="parallel nvcc processes (default: all cores)")
-    a = ap.parse_args(argv)
-    if a.suite:
-        # A suite's problems come from its file; a problem flag beside it would be silently ignored.
-        given = [f.option_strings[0] for f in problem_flags if f.dest != "shape" and getattr(a, f.dest) != f.default]
-        if given:
-            ap.error(f"{given[0]} does nothing with --suite: write it on the suite file's lines")
-    return a
-
-
-def main(argv: list[str]) -> int:
-    a = parse_args(argv)
-    try:
-        if bool(a.shape) == bool(a.suite):
-            raise ProblemError("give either --shape BxCxL or --suite FILE")
-        problems = read_suite(a.suite) if a.suite else [problem_from_args(a)]
-        # Refused before anything is compiled or searched: a search of an empty space would only end late
-        # with "no correct variant found", and a dry run would compile nothing and call that success.
-        from dwgen.dryrun import no_variant_reason
-
-        for p in problems:
-            reason = no_variant_reason(p)
-            if reason:
-                raise ProblemError(reason)
-    except ProblemError as e:
-        print(f"tune.py: {e}", file=sys.stderr)
-        return 2
-    from dwgen.build import ToolchainError
-    from dwgen.dryrun import dry_run
-    from search import workflow
-
-    try:
-        if a.dry_run:
-            return max(dry_run(p, arch=a.arch, cache_dir=a.runs_dir / "build", jobs=a.jobs) for p in problems)
-        return workflow.tune(problems, trials=a.trials, timeout_s=a.timeout, sampler=a.sampler, seed=a.seed,
-                             storage=a.storage, runs_dir=a.runs_dir, out_dir=a.out, freeze=not a.no_freeze,
-                             jobs=a.jobs)
-    except (workflow.UserError, ToolchainError) as e:
-        print(f"tune.py: {e}", file=sys.stderr)
-        return 1
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
-    t0 = time.perf_counter()
-    rc = main(sys.argv[1:])
-    if rc == 0:
-        print(f"tune.py: done in {time.perf_counter() - t0:.1f} s wall")
-    sys.exit(rc)
+    sys.exit(run())

@@ -13,8 +13,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,10 +136,21 @@ def compile_library(name: str, source: str, key: str, cache_dir: Path, arch: str
 
 
 def compile_many(jobs: Iterable[tuple[str, str, str]], cache_dir: Path, arch: str = DEFAULT_ARCH,
-                 workers: int | None = None) -> list[Build]:
-    """Compile (name, source, key) jobs in parallel; nvcc is a subprocess, so threads suffice."""
+                 workers: int | None = None, on_done: Callable[[Build], None] | None = None) -> list[Build]:
+    """Compile (name, source, key) jobs in parallel; nvcc is a subprocess, so threads suffice.
+
+    Returns the builds in the order of `jobs`; `on_done` sees each build as it finishes (in this thread),
+    so that a long compile can show progress."""
     jobs = list(jobs)
     workers = workers or max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(compile_library, n, s, k, cache_dir, arch) for n, s, k in jobs]
-        return [f.result() for f in futures]
+        try:
+            if on_done is not None:
+                for f in as_completed(futures):
+                    on_done(f.result())
+            return [f.result() for f in futures]
+        except BaseException:
+            # Ctrl-C (or a failing callback) should not wait for thousands of queued nvcc runs.
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise

@@ -85,7 +85,7 @@ def padding(text: str) -> int | str:
 
 
 def arch(text: str) -> str:
-    """An argparse type: an nvcc real architecture such as sm_90 or sm_90a (a cubin needs a real one)."""
+    """An argparse type: an nvcc real architecture such as sm_90 or sm_90a (a compiled kernel needs a real one)."""
     if not re.fullmatch(r"sm_\d{2,3}[a-z]?", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a GPU architecture: write it as sm_90, sm_90a, sm_100a")
     return text

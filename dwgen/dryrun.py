@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dwgen import build, render
-from dwgen.problem import Problem
 from dwgen.families import bcl, blc
+from dwgen.problem import Problem
+from dwgen.progress import Progress
 from dwgen.space import all_configs, enumerate_space, family_of, violations
 
 # What a user can change when one restriction rules out every config; the others name themselves.
@@ -35,8 +37,11 @@ def no_variant_reason(problem: Problem) -> str | None:
 
 
 def dry_run(problem: Problem, arch: str, cache_dir: Path, jobs: int | None = None, limit: int | None = None,
-            log=print) -> int:
-    """Compile every valid variant for `arch`; returns 0 when all built, 1 otherwise."""
+            log=print, quiet: bool = False,
+            report: Callable[[Problem, list[build.Build]], None] | None = None) -> int:
+    """Compile every valid variant for `arch`; returns 0 when all built, 1 otherwise.
+
+    `report`, when given, receives the builds (for --json)."""
     variants = enumerate_space(problem)[:limit]
     if not variants:
         log(no_variant_reason(problem) or f"{problem.key}: nothing to compile (limit {limit})")
@@ -44,15 +49,42 @@ def dry_run(problem: Problem, arch: str, cache_dir: Path, jobs: int | None = Non
     log(f"{problem.key}: {len(variants)} valid variants, compiling for {arch} with nvcc {build.nvcc_version()}")
     t0 = time.perf_counter()
     jobs_ = [(v.name, render.render_variant(v), build.build_key(v.digest, arch)) for v in variants]
-    results = build.compile_many(jobs_, cache_dir, arch=arch, workers=jobs)
+    failed_so_far = 0
+
+    with Progress(len(jobs_), "compiling", quiet=quiet) as progress:
+        def tick(b: build.Build) -> None:
+            nonlocal failed_so_far
+            failed_so_far += not b.ok
+            progress.set_note(f"{failed_so_far} failed" if failed_so_far else "")
+            progress.advance()
+
+        results = build.compile_many(jobs_, cache_dir, arch=arch, workers=jobs, on_done=tick)
     wall = time.perf_counter() - t0
     log(f"{'variant':48s} {'status':>13s} {'regs':>5s} {'spill':>6s} {'smem':>6s} {'nvcc s':>7s}")
     for b in results:
         log(f"{b.name:48s} {b.status:>13s} {b.registers:5d} {b.spill_bytes:6d} {b.smem_bytes:6d} {b.seconds:7.2f}")
+    log(summary(results, wall))
     failed = [b for b in results if not b.ok]
-    spilled = [b for b in results if b.ok and b.spill_bytes > 0]
-    log(f"built {len(results) - len(failed)}/{len(results)} in {wall:.1f} s wall "
-        f"({sum(b.seconds for b in results):.1f} s of nvcc); {len(spilled)} spill registers")
     for b in failed:
         log(f"FAILED {b.name}: {b.log.strip().splitlines()[-1] if b.log.strip() else b.status} ({b.log_path})")
+    if report is not None:
+        report(problem, results)
     return 1 if failed else 0
+
+
+def summary(results: list[build.Build], wall_s: float) -> str:
+    """One line: how many built, how long, and how many variants spill (a count of variants, and their bytes)."""
+    ok = [b for b in results if b.ok]
+    spilled = [b for b in ok if b.spill_bytes > 0]
+    cached = sum(b.cached for b in results)
+    spill = (f"{len(spilled)} variants spill registers ({sum(b.spill_bytes for b in spilled)} bytes of spill "
+             "stores and loads in all)" if spilled else "no variant spills registers")
+    return (f"built {len(ok)}/{len(results)} in {wall_s:.1f} s wall ({sum(b.seconds for b in results):.1f} s of "
+            f"nvcc{f', {cached} from the build cache' if cached else ''}); {spill}")
+
+
+def build_rows(problem: Problem, builds: list[build.Build]) -> list[dict]:
+    """The dry run's table as JSON rows (tune.py --dry-run --json)."""
+    return [{"problem": problem.key, "variant": b.name, "status": b.status, "registers": b.registers,
+             "spill_bytes": b.spill_bytes, "smem_bytes": b.smem_bytes, "stack_bytes": b.stack_bytes,
+             "nvcc_s": b.seconds, "cached": b.cached, "log": b.log_path} for b in builds]

@@ -11,6 +11,7 @@ import optuna
 
 from dwgen.build import Build
 from dwgen.problem import Problem
+from dwgen.progress import Progress, best_text
 from dwgen.result import Result
 from dwgen.space import Variant, known_good, make_config, violations
 from dwgen.worker import Candidate
@@ -30,7 +31,10 @@ class Evaluator(Protocol):
     def retime(self, cands: list[Candidate], rounds: int) -> dict[str, float]: ...
 
 
-Builder = Callable[[list[Variant]], list[Build]]
+class Builder(Protocol):
+    """Builds variants in parallel; `on_done` sees each build as it finishes, so a long batch shows progress."""
+
+    def __call__(self, variants: list[Variant], on_done: Callable[[Build], None] | None = None) -> list[Build]: ...
 
 
 @dataclass
@@ -57,12 +61,16 @@ def build_result(v: Variant, b: Build) -> Result:
 
 def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Evaluator, *, trials: int,
            timeout_s: float | None = None, batch: int | None = None, seeds: Sequence = (),
-           log: Callable[[str], None] = print) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
+           log: Callable[[str], None] = print,
+           progress: Progress | None = None) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
     """Evaluate up to `trials` new variants; returns every variant measured in this study, by digest.
 
-    A new study tries `seeds` first (such as the previous winner), then the known-good designs."""
+    A new study tries `seeds` first (such as the previous winner), then the known-good designs.
+    `progress` (total: `trials`) counts the variants evaluated and shows the best so far."""
     batch = batch or max(4, min(32, os.cpu_count() or 4))
     stats = SearchStats()
+    progress = progress or Progress(trials, "search", quiet=True)
+    log = progress.wrap(log)
     known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study, problem).items()}
     if known:
         log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
@@ -74,7 +82,10 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
     deadline = time.monotonic() + timeout_s if timeout_s else None
     idle = 0
     exhausted = False
-    best = min((r.kernel_ms for _, r in known.values() if r.ok), default=None)
+    best_result = min((r for _, r in known.values() if r.ok), key=lambda r: r.kernel_ms, default=None)
+    best = best_result.kernel_ms if best_result else None
+    if best_result:
+        progress.set_note(best_text(best, best_result.x_copy, best_result.speedup))
     while stats.evaluated < trials and not exhausted and idle < MAX_IDLE_ASKS:
         if deadline and time.monotonic() > deadline:
             log("timeout reached")
@@ -107,8 +118,9 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
         if not pending:
             continue
         t0 = time.perf_counter()
-        builds = build([v for _, v in pending.values()])
+        builds = build([v for _, v in pending.values()], on_done=_batch_ticker(progress, len(pending)))
         stats.compile_wall_s += time.perf_counter() - t0
+        progress.describe("checking+timing")
         t0 = time.perf_counter()
         for (trial, v), b in zip(pending.values(), builds, strict=True):
             stats.built += 1
@@ -120,12 +132,27 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
             stats.evaluated += 1
             if result.ok:
                 stats.correct += 1
-                best = result.kernel_ms if best is None else min(best, result.kernel_ms)
+                if best is None or result.kernel_ms < best:
+                    best = result.kernel_ms
+                    progress.set_note(best_text(best, result.x_copy, result.speedup))
             else:
                 stats.failures[result.status] = stats.failures.get(result.status, 0) + 1
             log(f"[{stats.evaluated:4d}/{trials}] {result.summary()}" + (f"  (best {best:.4f} ms)" if best else ""))
+            progress.advance()
         stats.evaluate_wall_s += time.perf_counter() - t0
     return known, stats
+
+
+def _batch_ticker(progress: Progress, n: int) -> Callable[[Build], None]:
+    """A build callback that shows how far the batch of `n` has compiled."""
+    done = 0
+    progress.describe(f"compiling batch 0/{n}")
+
+    def tick(_: Build) -> None:
+        nonlocal done
+        done += 1
+        progress.describe(f"compiling batch {done}/{n}")
+    return tick
 
 
 def check_one(evaluator: Evaluator, v: Variant, b: Build) -> Result:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ from dwgen import build as builder
 from dwgen import freeze as frz
 from dwgen import render
 from dwgen.problem import Problem
+from dwgen.progress import Progress
 from dwgen.space import Variant, make_config, violations
 from search import loop
 from search import study as st
@@ -46,10 +48,10 @@ def gpu_builder(runs_dir: Path, jobs: int | None):
 
 
 def make_builder(cache_dir: Path, arch: str, jobs: int | None):
-    def build(variants: list[Variant]):
+    def build(variants: list[Variant], on_done=None):
         return builder.compile_many(
             [(v.name, render.render_variant(v), builder.build_key(v.digest, arch)) for v in variants],
-            cache_dir, arch=arch, workers=jobs)
+            cache_dir, arch=arch, workers=jobs, on_done=on_done)
     return build
 
 
@@ -81,7 +83,7 @@ def previous_config(problem: Problem, out_dir: Path):
 
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
                  storage: str | BaseStorage | None, build, frozen: Variant | None, seeds: tuple = (),
-                 log=print) -> frz.Winner | None:
+                 log=print, quiet: bool = False) -> frz.Winner | None:
     """Search one problem and decide its winner; None when no variant was correct."""
     from dwgen.worker import GpuWorker
 
@@ -94,8 +96,9 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
         base = worker.baselines()
         log(f"{machine['gpu']}: copy_ of the same bytes {base['copy_ms']:.4f} ms, "
             f"PyTorch eager {base['torch_ms']:.4f} ms ({base['copy_ms'] / base['torch_ms'] * 100:.0f}% of copy speed)")
-        known, stats = loop.search(problem, study, build, worker, trials=trials, timeout_s=timeout_s,
-                                   seeds=seeds, log=log)
+        with Progress(trials, "search", quiet=quiet) as progress:
+            known, stats = loop.search(problem, study, build, worker, trials=trials, timeout_s=timeout_s,
+                                       seeds=seeds, log=log, progress=progress)
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [])
     finally:
         worker.close()
@@ -139,7 +142,11 @@ def freeze_gated(winners: list[frz.Winner], out_dir: Path, generic: dict | None 
 
 
 def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampler: str, seed: int,
-         storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print) -> int:
+         storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print,
+         quiet: bool = False, report: Callable[[list[frz.Winner]], None] | None = None) -> int:
+    """Tune each problem and freeze the winners; 0 when every problem found a winner.
+
+    `quiet` hides the progress bar; `report`, when given, receives the winners at the end (for --json)."""
     build = gpu_builder(runs_dir, jobs)
     if storage is None:
         storage = st.default_storage(runs_dir)
@@ -155,7 +162,7 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
         previous = previous_config(p, out_dir)
         w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=opened,
                          build=build, frozen=frozen_variant(p, out_dir), seeds=(previous,) if previous else (),
-                         log=log)
+                         log=log, quiet=quiet)
         if w is not None:
             winners.append(w)
     log("")
@@ -166,4 +173,6 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     if freeze and winners:
         freeze_gated(winners, out_dir, log=log)
         log(f"froze {len(winners)} winner(s) into {out_dir}")
+    if report is not None:
+        report(winners)
     return 0 if len(winners) == len(problems) else 1

@@ -51,3 +51,24 @@ def test_ptxas_report_parsed():
            "    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
            "ptxas info    : Used 40 registers, used 1 barriers, 4128 bytes smem, 400 bytes cmem[0]\n")
     assert build.parse_ptxas(log) == {"registers": 40, "smem_bytes": 4128, "stack_bytes": 16, "spill_bytes": 20}
+
+
+def _tiny_jobs(n: int) -> list[tuple[str, str, str]]:
+    return [(f"tiny{i}", f'extern "C" __global__ void tiny{i}(float* y) {{ y[threadIdx.x] = {i}.0f; }}', f"t{i}")
+            for i in range(n)]
+
+
+def test_compile_many_reports_each_build_as_it_finishes(tmp_path):
+    seen = []
+    results = build.compile_many(_tiny_jobs(3), tmp_path, workers=2, on_done=seen.append)
+    assert [b.name for b in results] == ["tiny0", "tiny1", "tiny2"]  # job order, whatever finished first
+    assert sorted(b.name for b in seen) == ["tiny0", "tiny1", "tiny2"] and all(b.ok for b in seen)
+
+
+def test_a_failing_callback_stops_the_queued_builds(tmp_path):
+    def stop(_):
+        raise KeyboardInterrupt  # what Ctrl-C during a long dry run raises in the main thread
+
+    with pytest.raises(KeyboardInterrupt):
+        build.compile_many(_tiny_jobs(6), tmp_path, workers=1, on_done=stop)
+    assert len(list(tmp_path.glob("*/*.so"))) < 6

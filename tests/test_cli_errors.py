@@ -175,7 +175,7 @@ def test_readme_table_is_the_tested_one():
 
 @pytest.mark.parametrize("k, dilation, expect", [(3, 1, 1), (7, 1, 3), (5, 3, 6), (1, 8, 0)])
 def test_padding_same_centres_odd_kernels(k, dilation, expect, tmp_path):
-    from tune import parse_args
+    from search.cli import parse_args
 
     a = parse_args(["--shape", "2x2x64", "-k", str(k), "--dilation", str(dilation), "--padding", "same"])
     p = problem_from_args(a)

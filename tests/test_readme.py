@@ -39,3 +39,13 @@ def test_results_cover_every_suite_problem_and_contender():
             impls = {r["implementation"]: r for r in rows if r["problem"] == key}
             assert set(CONTENDERS) | {"copy_"} <= set(impls)
             assert impls["dwgen"]["correct"], key
+
+
+def test_names_nothing_outside_the_repository():
+    import re
+
+    assert "../" not in README
+    named = set(re.findall(r"`((?:scripts|dwgen|search|benchmarks|docs|templates|generated)/[\w./-]*)`", README))
+    assert "scripts/fetch-gpu-wheels.sh" in named
+    for path in named:
+        assert (ROOT / path).exists(), path

@@ -46,7 +46,7 @@ class FakeBuilder:
         self.built: list[str] = []
         self.fail_halo = fail_halo
 
-    def __call__(self, variants):
+    def __call__(self, variants, on_done=None):
         out = []
         for v in variants:
             self.built.append(v.digest)
@@ -54,6 +54,8 @@ class FakeBuilder:
                 out.append(Build(v.name, "compile_error", log="ptxas error: too many resources", log_path="x.log"))
             else:
                 out.append(Build(v.name, "ok", library=f"/nowhere/{v.name}.so", registers=32, spill_bytes=0))
+            if on_done:
+                on_done(out[-1])
         return out
 
 
@@ -170,3 +172,19 @@ def test_check_each_gates_every_build():
     assert [r.status for r, _ in out] == ["ok", "compile_error", "wrong"]
     assert [c is not None for _, c in out] == [True, False, False]
     assert ev.calls == [vs[0].digest, vs[2].digest]  # a failed build is never evaluated
+
+
+def test_progress_counts_evaluations_and_shows_the_best(tmp_path):
+    import io
+
+    from dwgen.progress import Progress
+
+    out = io.StringIO()  # not a terminal: plain lines
+    progress = Progress(12, "search", stream=out, every_s=3600, clock_fn=lambda: 0.0)
+    known, stats = loop.search(PROBLEM, open_study(tmp_path), FakeBuilder(), FakeEvaluator(), trials=12, batch=4,
+                               log=lambda s: None, progress=progress)
+    best = min(r.kernel_ms for _, r in known.values() if r.ok)
+    assert progress.done == stats.evaluated == 12
+    # the fake evaluator's copy_ takes 1 ms and PyTorch 5 ms
+    assert out.getvalue().splitlines() == [
+        f"checking+timing: 12/12 variants, best {best:.4f} ms, {best:.2f}x copy, {5 / best:.2f}x PyTorch, 0:00 elapsed"]

@@ -147,6 +147,7 @@ def main(argv: list[str]) -> int:
                     help="suite file(s); default: benchmarks/suite.txt and benchmarks/untuned.txt")
     ap.add_argument("--only", default=None, help="comma-separated contenders (default: all)")
     ap.add_argument("--out", type=cli.directory, default=ROOT / "benchmarks", help="where results.json/.md go")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     a = ap.parse_args(argv)
     # Everything the user wrote is checked before the GPU is asked for, so that a typo is not reported late.
     names = [n for n in a.only.split(",") if n] if a.only is not None else list(CONTENDERS)
@@ -172,14 +173,14 @@ def main(argv: list[str]) -> int:
     for path, problems in suites.items():
         rows = []
         for p in problems:
-            print(f"{p.key} ...", flush=True)
+            print(f"{p.key} ...", flush=True, file=sys.stderr if a.json else sys.stdout)
             rows += measure(p, names)
         results["suites"][path.stem] = rows
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     md = markdown(results)
     (a.out / "results.md").write_text(md + "\n")
-    print(md)
+    print(json.dumps(results, indent=2) if a.json else md)
     return 0
 
 

@@ -25,7 +25,7 @@ def test_search_survives_a_crashing_variant(tmp_path):
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     victims: list[str] = []
 
-    def builder(variants):
+    def builder(variants, on_done=None):
         jobs = []
         for v in variants:
             src = render.render_variant(v)
@@ -33,7 +33,7 @@ def test_search_survives_a_crashing_variant(tmp_path):
                 victims.append(v.digest)
                 src = CRASHING.format(name=v.name, symbol=contract.launch_symbol(v.name), params=contract.cpp_params())
             jobs.append((v.name, src, build.build_key(v.digest, arch) + ("-crash" if v.digest in victims else "")))
-        return build.compile_many(jobs, tmp_path, arch=arch)
+        return build.compile_many(jobs, tmp_path, arch=arch, on_done=on_done)
 
     study = st.open_study(P, None, "random", 0)
     worker = GpuWorker(P)

@@ -1,0 +1,127 @@
+"""What generated/ holds, for people and for scripts: a row per tuned problem, as a table or JSON, and its CUDA."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dwgen.freeze import Winner, read_manifest
+
+# (row field, table heading); the JSON rows carry these fields and a few more.
+COLUMNS = (("problem", "problem"), ("dtype", "dtype"), ("layout", "layout"), ("direction", "direction"),
+           ("kernel", "kernel"), ("ms", "ms"), ("x_copy", "x copy"), ("speedup_vs_torch", "vs PyTorch"),
+           ("gpu", "GPU"), ("date", "date"))
+
+
+class ShowError(RuntimeError):
+    """A request generated/ cannot answer; printed as one line."""
+
+
+def entry_row(entry: dict, kernels: dict[str, dict] | None = None) -> dict:
+    """One manifest entry as a flat row. Manifests written before layout and direction were fields
+    hold only (B, C, L) forward kernels, hence those defaults."""
+    p, m, machine = entry["problem"], entry.get("measured", {}), entry.get("machine", {})
+    record = (kernels or {}).get(entry["kernel"], {})
+    return {
+        "problem": entry["key"],
+        "dtype": entry.get("dtype", p.get("dtype", "fp32")),
+        "layout": entry.get("layout", p.get("layout", "bcl")),
+        "direction": entry.get("direction", p.get("direction", "fwd")),
+        "kernel": entry["kernel"],
+        "ms": m.get("kernel_ms"),
+        "x_copy": m.get("x_copy"),
+        "speedup_vs_torch": m.get("speedup_vs_torch"),
+        "copy_ms": m.get("copy_ms"),
+        "torch_ms": m.get("torch_ms"),
+        "gpu": machine.get("gpu", ""),
+        "date": machine.get("date", ""),
+        "digest": entry.get("digest", ""),
+        "file": record.get("file", ""),
+    }
+
+
+def winner_row(w: Winner, frozen: bool) -> dict:
+    """A tuning run's winner as a row of the same form, so that scripts read one format (tune.py --json)."""
+    v, r = w.variant, w.result
+    measured = {"kernel_ms": r.kernel_ms, "copy_ms": r.copy_ms, "torch_ms": r.torch_ms, "x_copy": r.x_copy,
+                "speedup_vs_torch": r.speedup}
+    row = entry_row({"key": v.problem.key, "kernel": v.name, "digest": v.digest, "problem": v.problem.to_dict(),
+                     "measured": measured, "machine": w.machine})
+    del row["file"]  # named by the freeze, not known here
+    return {**row, "frozen": frozen}
+
+
+def rows(manifest: dict) -> list[dict]:
+    kernels = {k["name"]: k for k in manifest.get("kernels", [])}
+    return [entry_row(e, kernels) for e in manifest.get("entries", [])]
+
+
+def _cell(field: str, value) -> str:
+    if value is None:
+        return "n/a"
+    if field == "ms":
+        return f"{value:.4f}"
+    if field in ("x_copy", "speedup_vs_torch"):
+        return f"{value:.2f}x"
+    return str(value)
+
+
+def table(rs: list[dict]) -> str:
+    """Rows as aligned columns, numbers to the right."""
+    cells = [[heading for _, heading in COLUMNS]] + [[_cell(f, r[f]) for f, _ in COLUMNS] for r in rs]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    numeric = {"ms", "x_copy", "speedup_vs_torch"}
+    return "\n".join(
+        "  ".join(c.rjust(w) if f in numeric else c.ljust(w) for (f, _), c, w in zip(COLUMNS, row, widths, strict=True))
+        .rstrip() for row in cells)
+
+
+def generic_note(manifest: dict) -> str:
+    """What runs for the problems nobody tuned."""
+    g = manifest.get("generic", {})
+    ks = sorted(int(k) for k in g.get("fast", {}))
+    parts = [f"fast generic kernels for K {', '.join(map(str, ks))}"] if ks else []
+    if g.get("scalar"):
+        parts.append(f"the scalar kernel {g['scalar']['name']} for everything else")
+    return "untuned problems run " + " and ".join(parts) if parts else ""
+
+
+def find(manifest: dict, query: str) -> dict:
+    """The entry a user means: its key, the start of exactly one key (e.g. 32x512x8192), or its kernel's name."""
+    entries = manifest.get("entries", [])
+    exact = [e for e in entries if query in (e["key"], e["kernel"])]
+    matches = exact or [e for e in entries if e["key"].startswith(query)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ShowError(f"generated/ holds no tuned problem {query!r}; `tune.py show` lists them")
+    raise ShowError(f"{query!r} matches {len(matches)} problems ({', '.join(e['key'] for e in matches)}); "
+                    "give more of the key")
+
+
+def source(out_dir: Path, row: dict) -> str:
+    """The frozen CUDA text of a row's kernel."""
+    path = Path(out_dir) / row["file"] if row["file"] else None
+    if path is None or not path.is_file():
+        raise ShowError(f"the source of {row['kernel']} is missing from {out_dir}; re-run the freeze (tune.py)")
+    return path.read_text()
+
+
+def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, as_json: bool = False) -> str:
+    """What `tune.py show` prints: the table (or JSON) of generated/, one problem's row, or its source."""
+    manifest = read_manifest(out_dir)
+    if not manifest:
+        raise ShowError(f"no manifest.json in {out_dir}: nothing is frozen there (tune.py freezes winners)")
+    if with_source and query is None:
+        raise ShowError("--source needs a problem: `tune.py show PROBLEM --source`")
+    kernels = {k["name"]: k for k in manifest.get("kernels", [])}
+    rs = [entry_row(find(manifest, query), kernels)] if query is not None else rows(manifest)
+    if with_source:
+        for r in rs:
+            r["source"] = source(out_dir, r)
+    if as_json:
+        return json.dumps(rs, indent=2)
+    if with_source:
+        return rs[0]["source"].rstrip("\n")
+    if not rs:
+        return f"{out_dir} holds no tuned problem yet; {generic_note(manifest)}"
+    return table(rs) + ("" if query else f"\n{generic_note(manifest)}")

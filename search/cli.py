@@ -1,0 +1,129 @@
+"""tune.py's command line (also `dwgen-tune` once installed): argument parsing and wiring, no logic of its own."""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from dwgen import cli
+from dwgen.problem import ProblemError
+from dwgen.suite import add_problem_arguments, problem_from_args, read_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+DESCRIPTION = "Tune a depthwise conv1d problem and freeze the winner into generated/."
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = cli.OneLineParser(prog="tune.py", description=DESCRIPTION, epilog="tune.py show [PROBLEM] [--source] "
+                           "[--json]: what generated/ holds (tune.py show --help)")
+    problem_flags = add_problem_arguments(ap)
+    ap.add_argument("--suite", type=Path, help="file of problems, one per line in these flags, e.g. "
+                    "'--shape 16x1024x4096 --kernel-size 7'; all are tuned and frozen into one manifest")
+    ap.add_argument("--trials", type=cli.int_range(1), default=120, help="new variants to build and evaluate")
+    ap.add_argument("--timeout", type=cli.positive_seconds, default=None,
+                    help="stop searching after this many seconds")
+    ap.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid"))
+    # numpy, under Optuna's samplers, takes seeds of 32 bits
+    ap.add_argument("--seed", type=cli.int_range(0, 2**32 - 1), default=0)
+    ap.add_argument("--storage", type=cli.storage, default=None,
+                    help="Optuna storage URL: sqlite:///FILE, postgresql://..., mysql://... (default: an sqlite "
+                    "file under runs/); 'memory' keeps nothing")
+    ap.add_argument("--runs-dir", type=cli.directory, default=ROOT / "runs")
+    ap.add_argument("--out", type=cli.directory, default=ROOT / "generated", help="where the frozen module goes")
+    ap.add_argument("--no-freeze", action="store_true", help="search and report, leave generated/ alone")
+    ap.add_argument("--dry-run", action="store_true", help="render and nvcc-compile the space; no GPU needed")
+    ap.add_argument("--arch", type=cli.arch, default="sm_90",
+                    help="target of --dry-run builds (search builds for the GPU)")
+    ap.add_argument("--jobs", type=cli.int_range(1), default=None, help="parallel nvcc processes (default: all cores)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar (nor progress lines when not a terminal)")
+    ap.add_argument("--json", action="store_true", help="print the winners (with --dry-run: the builds) as JSON "
+                    "on stdout; the log goes to stderr")
+    a = ap.parse_args(argv)
+    if a.suite:
+        # A suite's problems come from its file; a problem flag beside it would be silently ignored.
+        given = [f.option_strings[0] for f in problem_flags if f.dest != "shape" and getattr(a, f.dest) != f.default]
+        if given:
+            ap.error(f"{given[0]} does nothing with --suite: write it on the suite file's lines")
+    return a
+
+
+def parse_show_args(argv: list[str]) -> argparse.Namespace:
+    ap = cli.OneLineParser(prog="tune.py show", description="List what generated/ holds: problem, dtype, "
+                                 "layout, direction, kernel, ms, x copy, speedup over PyTorch, GPU, date.")
+    ap.add_argument("problem", nargs="?", help="one problem: its key, the start of one key (e.g. 32x512x8192) "
+                    "or its kernel's name")
+    ap.add_argument("--source", action="store_true", help="print the problem's frozen CUDA kernel")
+    ap.add_argument("--json", action="store_true", help="print the rows (and --source text) as JSON")
+    ap.add_argument("--out", type=Path, default=ROOT / "generated", help="the frozen module to read (tune's --out)")
+    return ap.parse_args(argv)
+
+
+def show(argv: list[str]) -> int:
+    from dwgen import show as frozen
+
+    a = parse_show_args(argv)
+    try:
+        print(frozen.show(a.out, a.problem, with_source=a.source, as_json=a.json))
+    except frozen.ShowError as e:
+        print(f"tune.py show: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    t0 = time.perf_counter()
+    if argv[:1] == ["show"]:  # a subcommand before any flag: `python tune.py --shape ...` stays as it was
+        return show(argv[1:])
+    a = parse_args(argv)
+    try:
+        if bool(a.shape) == bool(a.suite):
+            raise ProblemError("give either --shape BxCxL or --suite FILE")
+        problems = read_suite(a.suite) if a.suite else [problem_from_args(a)]
+        # Refused before anything is compiled or searched: a search of an empty space would only end late
+        # with "no correct variant found", and a dry run would compile nothing and call that success.
+        from dwgen.dryrun import no_variant_reason
+
+        for p in problems:
+            reason = no_variant_reason(p)
+            if reason:
+                raise ProblemError(reason)
+    except ProblemError as e:
+        print(f"tune.py: {e}", file=sys.stderr)
+        return 2
+    from dwgen.build import ToolchainError
+    from dwgen.dryrun import build_rows, dry_run
+    from dwgen.show import winner_row
+    from search import workflow
+
+    log = functools.partial(print, file=sys.stderr) if a.json else print  # --json: stdout holds only the JSON
+    rows: list[dict] = []
+    try:
+        if a.dry_run:
+            rc = max([dry_run(p, arch=a.arch, cache_dir=a.runs_dir / "build", jobs=a.jobs, quiet=a.quiet, log=log,
+                              report=lambda q, builds: rows.extend(build_rows(q, builds))) for p in problems])
+        else:
+            rc = workflow.tune(problems, trials=a.trials, timeout_s=a.timeout, sampler=a.sampler, seed=a.seed,
+                               storage=a.storage, runs_dir=a.runs_dir, out_dir=a.out, freeze=not a.no_freeze,
+                               jobs=a.jobs, quiet=a.quiet, log=log,
+                               report=lambda ws: rows.extend(winner_row(w, frozen=not a.no_freeze) for w in ws))
+    except (workflow.UserError, ToolchainError) as e:
+        print(f"tune.py: {e}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(rows, indent=2))
+    if rc == 0:
+        log(f"tune.py: done in {time.perf_counter() - t0:.1f} s wall")
+    return rc
+
+
+def run() -> int:
+    """The console entry point: tune.py's main on this process's arguments."""
+    try:
+        return main(sys.argv[1:])
+    except BrokenPipeError:  # `tune.py show | head` closed the pipe early: not worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's documented way out
+        return 1
