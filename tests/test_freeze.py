@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -8,6 +7,7 @@ import pytest
 
 from dwgen import freeze, render
 from dwgen.families.bcl import Config
+from dwgen.gate import load_frozen
 from dwgen.problem import Problem
 from dwgen.result import Result
 from dwgen.space import Variant
@@ -20,14 +20,6 @@ def winner(p: Problem, c: Config, ms: float = 0.27) -> freeze.Winner:
     v = Variant(p, c)
     r = Result(v.name, v.digest, "ok", kernel_ms=ms, copy_ms=0.26, torch_ms=1.27, reps=50, max_rel_error=1e-7)
     return freeze.Winner(v, r, MACHINE)
-
-
-def load_module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path / "__init__.py", submodule_search_locations=[str(path)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
@@ -56,7 +48,7 @@ def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
     assert all(name in kernels for name in m["generic"]["fast"].values())
     assert json.loads((tmp_path / "manifest.json").read_text()) == m
     assert freeze.stale_entries(tmp_path) == []
-    mod = load_module(tmp_path, "frozen_a")
+    mod = load_frozen(tmp_path, "frozen_a")
     assert mod.MANIFEST == m and callable(mod.depthwise_conv1d)
 
 

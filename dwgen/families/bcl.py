@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from dwgen.dtypes import DTYPES
+from dwgen.families import AxisConfig
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d.cu.j2"
@@ -28,7 +29,7 @@ MAX_WINDOW_FLOATS = 64  # beyond this the per-thread register window spills
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(AxisConfig):
     """How one variant computes: the tunables, nothing about the problem."""
 
     threads: int = 256
@@ -44,14 +45,7 @@ class Config:
     # are paid once for all of them, and an async stage prefetches across their boundaries.
     batches: int = 1
 
-    def __post_init__(self) -> None:
-        for axis, values in AXES.items():
-            v = getattr(self, axis)
-            if type(v) is not type(values[0]) or v not in values:
-                raise ValueError(f"config {axis}={v!r} is not one of {values}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    AXES = AXES
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from dwgen.dtypes import DTYPES
+from dwgen.families import AxisConfig
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_cl.cu.j2"
@@ -22,7 +23,7 @@ MAX_REGISTER_FLOATS = 128  # window, weights, bias and accumulators per thread; 
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(AxisConfig):
     threads: int = 128
     vec: int = 4
     outs: int = 4
@@ -30,14 +31,7 @@ class Config:
     cthreads: int = 32
     stream: bool = False
 
-    def __post_init__(self) -> None:
-        for axis, values in AXES.items():
-            v = getattr(self, axis)
-            if type(v) is not type(values[0]) or v not in values:
-                raise ValueError(f"config {axis}={v!r} is not one of {values}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    AXES = AXES
 
 
 @dataclass(frozen=True)
