@@ -83,14 +83,14 @@ def _layout(x: torch.Tensor) -> str | None:
 
 
 def _validate(x, weight, bias, stride, padding, dilation) -> int:
+    """The output length, or one line saying what is wrong (the device is checked last, so every other
+    mistake reads the same whether or not the tensors are on the GPU)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError("dwgen: x must be a (batch, channels, length) tensor")
     # No backward yet: a result cut off from autograd would train silently wrong, so refuse instead.
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, weight, bias)):
         raise RuntimeError("dwgen: depthwise_conv1d has no backward yet and would return a detached result; "
                            "call it under torch.no_grad() or use F.conv1d where gradients are needed")
-    if not x.is_cuda:
-        raise ValueError("dwgen: x must be on a CUDA device; move it with x.cuda()")
     if x.dtype not in _DTYPES:
         raise TypeError(f"dwgen: x must be float32, float16 or bfloat16, got {x.dtype}")
     channels = x.shape[1]
@@ -112,6 +112,8 @@ def _validate(x, weight, bias, stride, padding, dilation) -> int:
     if out_length < 1:
         raise ValueError(f"dwgen: no output for length {x.shape[2]}, kernel {k}, padding {padding}, "
                          f"dilation {dilation}; raise padding or the length")
+    if not x.is_cuda:
+        raise ValueError("dwgen: x must be on a CUDA device; move it with x.cuda()")
     return out_length
 
 

@@ -161,7 +161,7 @@ def test_a_real_process_exits_2_without_a_traceback(command):
 
 
 def readme_rows() -> dict[str, str]:
-    section = README.split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    section = README.split("## Bad input", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     return {line.split("`")[1]: line for line in section.splitlines() if line.startswith("| `")}
 
 
