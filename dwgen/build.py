@@ -97,12 +97,64 @@ def parse_ptxas(log: str) -> dict:
     }
 
 
+_TEMP_PREFIX = ".tmp-"  # + the compiling process's pid + "-": a temp whose pid is gone was left by a kill
+_LEGACY_TEMP = re.compile(r"^tmp\w+\.so$")  # mkstemp's names, from before temps carried a pid
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def clear_stale_temps(out_dir: Path, timeout_s: float) -> list[str]:
+    """Remove half-written libraries that a killed build left in out_dir; returns their names.
+
+    A temp is stale when its process is gone, or when it is older than any compile may run (which also
+    covers another host's temps in a shared folder and a recycled pid); a live build's temp is kept."""
+    removed = []
+    now = time.time()
+    for path in Path(out_dir).iterdir():
+        name = path.name
+        if name.startswith(_TEMP_PREFIX):
+            pid = name[len(_TEMP_PREFIX):].split("-", 1)[0]
+            gone = pid.isdigit() and not _pid_alive(int(pid))
+        elif _LEGACY_TEMP.match(name):
+            gone = False
+        else:
+            continue
+        try:
+            if gone or now - path.stat().st_mtime > 2 * timeout_s:
+                path.unlink()
+                removed.append(name)
+        except FileNotFoundError:  # another process cleared it first
+            pass
+    return removed
+
+
+def _write_source(src: Path, source: str) -> None:
+    """Write the source by rename: a concurrent build of the same key may be compiling the file now, and
+    truncating it under that nvcc would turn a valid variant into a compile error."""
+    if src.exists() and src.read_text() == source:
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", suffix=".cu", dir=src.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    os.replace(tmp, src)
+
+
 def compile_library(name: str, source: str, key: str, cache_dir: Path, arch: str = DEFAULT_ARCH,
                     timeout_s: float = 120.0) -> Build:
     """Compile one source to a shared library under cache_dir/key/, reusing a previous build of the same key.
 
     The CUDA runtime is linked as a shared library: loaded into a torch process, the variant then uses
-    torch's own runtime, its current device and its streams."""
+    torch's own runtime, its current device and its streams. A build counts as done only when both its
+    library and its log are there (the library is renamed into place after the log is written); what a
+    killed build left (temps, a source without a library) is cleared or rewritten, never trusted."""
     out_dir = Path(cache_dir) / key
     library = out_dir / f"{name}.so"
     log_path = out_dir / f"{name}.log"
@@ -110,10 +162,11 @@ def compile_library(name: str, source: str, key: str, cache_dir: Path, arch: str
         log = log_path.read_text()
         return Build(name, "ok", str(library), log, str(log_path), 0.0, cached=True, **parse_ptxas(log))
     out_dir.mkdir(parents=True, exist_ok=True)
+    clear_stale_temps(out_dir, timeout_s)
     src = out_dir / f"{name}.cu"
-    src.write_text(source)
+    _write_source(src, source)
     # Compile into a temporary name and rename: a killed build never leaves a half-written library.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", suffix=".so", dir=out_dir)
     os.close(fd)
     cmd = [nvcc_path(), "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared", f"-arch={arch}", *NVCC_FLAGS,
            "-Xptxas", "-v", "-o", tmp, str(src)]

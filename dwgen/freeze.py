@@ -42,7 +42,7 @@ def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # the digests are of these UTF-8 bytes
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -52,6 +52,11 @@ def atomic_write(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def sha256_text(text: str) -> str:
+    """The digest the frozen module checks each file against before it compiles or calls it."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def read_manifest(out_dir: Path = DEFAULT_DIR) -> dict:
@@ -138,6 +143,8 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         variants.setdefault(v.name, v)
     kernels = [_kernel_record(variants[n]) for n in sorted(variants)]
     sources = {k["file"]: render.render_variant(variants[k["name"]]) for k in kernels}
+    for k in kernels:
+        k["sha256"] = sha256_text(sources[k["file"]])
     scalar = {}
     for dtype in DTYPES:
         rec = _any_record(dtype)
@@ -158,6 +165,7 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
             "scalar": scalar,
         },
         "launcher": launch_file,
+        "launcher_sha256": sha256_text(launcher),
     }
     for rel, text in sources.items():
         path = out_dir / rel
@@ -172,7 +180,8 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
 
 def _any_record(dtype: str) -> dict:
     name, digest = render.any_name(dtype), render.any_digest(dtype)
-    return {"name": name, "digest": digest, "file": f"kernels/{name}-{digest[:12]}.cu"}
+    return {"name": name, "digest": digest, "file": f"kernels/{name}-{digest[:12]}.cu",
+            "sha256": sha256_text(render.render_any(dtype))}
 
 
 def _launcher(kernels: list[dict], scalar: dict) -> tuple[str, str]:
@@ -202,7 +211,8 @@ def _collect_garbage(out_dir: Path, manifest: dict) -> None:
 
 def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
     """What no longer matches the current templates, flags and dispatch code: entry keys, kernel names,
-    'generic', 'launcher', 'dispatch'."""
+    'generic', 'launcher', 'dispatch', and 'sha256 <file>' for a file whose recorded digest it misses
+    (the frozen module would refuse that file)."""
     m = read_manifest(out_dir)
     if not m:
         return []
@@ -226,4 +236,11 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         stale.append("launcher")
     if (out_dir / "__init__.py").read_text() != DISPATCH_SOURCE.read_text():
         stale.append("dispatch")
+    recorded = [(k["file"], k.get("sha256")) for k in m["kernels"]]
+    recorded += [(r["file"], r.get("sha256")) for r in m["generic"]["scalar"].values()]
+    recorded.append((m["launcher"], m.get("launcher_sha256")))
+    for rel, digest in recorded:
+        path = out_dir / rel
+        if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            stale.append(f"sha256 {rel}")
     return stale

@@ -9,31 +9,263 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import tempfile
 import threading
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+SCHEMA = 3  # dwgen.freeze.SCHEMA, repeated because this module imports only torch (a test checks they agree)
 _HERE = Path(__file__).resolve().parent
-MANIFEST: dict = json.loads((_HERE / "manifest.json").read_text()) if (_HERE / "manifest.json").exists() else {}
 _KEY_FIELDS = ("batch", "channels", "length", "kernel_size", "stride", "padding", "dilation", "dtype", "bias",
                "layout")
-_KERNELS = {k["name"]: (i, k) for i, k in enumerate(MANIFEST.get("kernels", []))}
-# Tuned problems first: an exact match runs the kernel tuned for it.
-_TUNED = {tuple(e["problem"][f] for f in _KEY_FIELDS): e["kernel"] for e in MANIFEST.get("entries", [])}
-# Then the fast generic kernels, one per (dtype, layout, K), for stride 1 and dilation 1.
-_FAST = MANIFEST.get("generic", {}).get("fast", {})
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_LAYOUTS = ("bcl", "blc")
 _INT32_LIMIT = 2**31
+# What the manifest may hold: only these shapes of values reach a file path, the compiler's command line or
+# the dispatch tables; anything else is refused, never run.
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,127}")
+_KERNEL_FILE = re.compile(r"kernels/[a-z0-9_]{1,128}-[0-9a-f]{12}\.cu")
+_LAUNCH_FILE = re.compile(r"launch-[0-9a-f]{12}\.cpp")
+_FLAG = re.compile(r"-{1,2}[A-Za-z0-9_][A-Za-z0-9_=.+-]{0,63}")
+_CAPABILITY = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
+_TABLE_ROW = re.compile(r"^ {4}dwgen_launch_([a-z0-9_]+),  // ([0-9]+)$", re.M)
+_DECLARATION = re.compile(r"^int dwgen_launch_([a-z0-9_]+)\(([^()\n]*)\);$", re.M)
 
+
+class ManifestError(ValueError):
+    """manifest.json cannot be used at all: the module imports, and its first call says why."""
+
+
+def _is_int(v, low: int = 0) -> bool:
+    return type(v) is int and low <= v < 2**62
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _file_record(r, pattern: re.Pattern) -> bool:
+    return (isinstance(r, dict) and isinstance(r.get("name"), str) and _NAME.fullmatch(r["name"]) is not None
+            and isinstance(r.get("file"), str) and pattern.fullmatch(r["file"]) is not None
+            and isinstance(r.get("sha256"), str) and _HEX64.fullmatch(r["sha256"]) is not None)
+
+
+def check_manifest(m) -> None:
+    """Raise ManifestError when the manifest as a whole cannot be trusted (one bad kernel or entry is only
+    dropped, by _trusted): wrong schema, missing parts, flags or file names that are not plain."""
+    if not isinstance(m, dict):
+        raise ManifestError("is not a JSON object")
+    if m.get("schema") != SCHEMA:
+        raise ManifestError(f"has schema {m.get('schema')!r}, this module reads schema {SCHEMA}")
+    flags = m.get("nvcc_flags")
+    if not isinstance(flags, list) or not all(isinstance(f, str) and _FLAG.fullmatch(f) for f in flags):
+        raise ManifestError(f"has nvcc_flags that are not plain compiler flags: {flags!r}")
+    if not (isinstance(m.get("launcher"), str) and _LAUNCH_FILE.fullmatch(m["launcher"])
+            and isinstance(m.get("launcher_sha256"), str) and _HEX64.fullmatch(m["launcher_sha256"])):
+        raise ManifestError("has no valid launcher file name and sha256")
+    generic = m.get("generic")
+    scalar = generic.get("scalar") if isinstance(generic, dict) else None
+    if not isinstance(scalar, dict) or sorted(scalar) != sorted(_DTYPES.values()) or not all(
+            _file_record(r, _KERNEL_FILE) for r in scalar.values()):
+        raise ManifestError("has no valid generic scalar kernel records for fp32, fp16 and bf16")
+    fast = generic.get("fast")
+    if not isinstance(fast, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in fast.items()):
+        raise ManifestError("has a generic 'fast' table that is not a map of names")
+    if not isinstance(m.get("kernels"), list) or not isinstance(m.get("entries"), list):
+        raise ManifestError("has no kernels or entries list")
+
+
+def _kernel_problem(k) -> str | None:
+    """Why a kernel record cannot be used, or None."""
+    if not _file_record(k, _KERNEL_FILE):
+        return "its name, file or sha256 is not plain"
+    if not (_is_int(k.get("align_bytes"), 1) and k["align_bytes"] <= 16 and _is_int(k.get("channel_multiple"), 1)
+            and type(k.get("peels_misalignment")) is bool):
+        return "align_bytes, channel_multiple or peels_misalignment has the wrong type or range"
+    return None
+
+
+def _entry_problem(e) -> str | None:
+    """Why a tuned entry cannot be used, or None."""
+    if not isinstance(e, dict) or not isinstance(e.get("problem"), dict) or not isinstance(e.get("kernel"), str):
+        return "it is not a record with a problem and a kernel"
+    p = e["problem"]
+    lows = {"batch": 1, "channels": 1, "length": 1, "kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1}
+    if not all(_is_int(p.get(f), low) for f, low in lows.items()):
+        return "a size of its problem is not a positive int"
+    if p.get("dtype") not in _DTYPES.values() or p.get("layout") not in _LAYOUTS or type(p.get("bias")) is not bool:
+        return "its problem's dtype, layout or bias is not one this module knows"
+    machine = e.get("machine")
+    if not isinstance(machine, dict) or not isinstance(machine.get("capability"), str) or not _CAPABILITY.fullmatch(
+            machine["capability"]):
+        return "it does not say which GPU architecture it was measured on"
+    return None
+
+
+def _launcher_table(text: str) -> tuple[dict[int, str], dict[str, str]]:
+    """The launcher's kernel table (index -> name) and each kernel's declared parameter types."""
+    return ({int(i): n for n, i in _TABLE_ROW.findall(text)}, dict(_DECLARATION.findall(text)))
+
+
+@dataclass
+class Tables:
+    """What this module dispatches to, after every check: only trusted kernels and entries are here."""
+
+    kernels: dict = field(default_factory=dict)  # name -> (index in the launcher, kernel record)
+    tuned: dict = field(default_factory=dict)  # problem key -> kernel name
+    fast: dict = field(default_factory=dict)  # dtype_layout_kK -> kernel name
+    dropped: list = field(default_factory=list)  # names of kernels that are not built: a stub stands in
+    warnings: list = field(default_factory=list)
+
+
+def _trusted(m: dict, here: Path, capability: str | None) -> Tables:
+    """The dispatch tables of a manifest that passed check_manifest.
+
+    A kernel is trusted when its record is well-formed, the launcher's table has it at its index, and its
+    file's sha256 is the recorded one; otherwise it is neither built nor called (its problems run the
+    generic scalar kernel). A tuned entry is used when well-formed, its kernel is trusted and it was
+    measured on this GPU architecture (`capability`, None when unknown): a kernel compiles and runs
+    correctly anywhere, but tuning measured on another architecture says nothing about this one, so such
+    an entry falls back to the generic kernel of its dtype, layout and K. The generic designs are chosen
+    to be good everywhere and are kept. The digests catch edits and corruption, not a forger who rewrites
+    both a file and the manifest."""
+    t = Tables()
+    launcher = (here / m["launcher"]).read_text() if (here / m["launcher"]).exists() else ""
+    table, _ = _launcher_table(launcher)
+    for index, k in enumerate(m["kernels"]):
+        why = _kernel_problem(k)
+        if why is None and table.get(index) != k["name"]:
+            why = f"the launcher does not have it at index {index}"
+        if why is None and _sha256(here / k["file"]) != k["sha256"]:
+            why = f"{k['file']} is missing or differs from its recorded sha256 (edited or corrupted)"
+        if why is None:
+            t.kernels[k["name"]] = (index, k)
+        else:
+            name = k.get("name") if isinstance(k, dict) else None
+            t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used: {why}; its problems run the "
+                              "generic kernel (re-run the freeze to restore it)")
+    t.dropped = sorted(n for i, n in table.items() if n not in t.kernels)
+    foreign = set()
+    for e in m["entries"]:
+        why = _entry_problem(e)
+        if why is None and e["kernel"] not in t.kernels:
+            continue  # its kernel was refused above, with a warning
+        if why is None and capability is not None and e["machine"]["capability"] != capability:
+            foreign.add(e["machine"]["capability"])
+            continue
+        if why is None:
+            t.tuned[tuple(e["problem"][f] for f in _KEY_FIELDS)] = e["kernel"]
+        else:
+            t.warnings.append(f"dwgen: a tuned entry of generated/ is not used: {why}; its problem runs the "
+                              "generic kernel")
+    if foreign:
+        t.warnings.append(f"dwgen: generated/ was tuned on GPU architecture {', '.join(sorted(foreign))}, this GPU "
+                          f"is {capability}: those entries fall back to the generic kernels; re-tune here with "
+                          "`python tune.py`")
+    t.fast = {key: name for key, name in m["generic"]["fast"].items() if name in t.kernels}
+    return t
+
+
+def _load(here: Path) -> tuple[dict, str | None]:
+    """The manifest, and why it cannot be used when it cannot (the first call raises that)."""
+    path = here / "manifest.json"
+    if not path.exists():
+        return {}, "dwgen: generated/manifest.json is missing; run `python tune.py` to create it"
+    try:
+        m = json.loads(path.read_text())
+        check_manifest(m)
+    except (ValueError, OSError) as e:  # ManifestError and json's JSONDecodeError are ValueErrors
+        return {}, f"dwgen: generated/manifest.json {e if isinstance(e, ManifestError) else f'is unreadable ({e})'}; " \
+                   "run `python tune.py` to write it again"
+    return m, None
+
+
+MANIFEST, _BROKEN = _load(_HERE)
+_tables: dict[int, Tables] = {}  # by CUDA device index: each device has its architecture
 _ext = None
 _lock = threading.Lock()
 
 
-def _sources() -> list[str]:
-    files = ([k["file"] for k in MANIFEST["kernels"]] + [r["file"] for r in MANIFEST["generic"]["scalar"].values()]
-             + [MANIFEST["launcher"]])
-    return [str(_HERE / f) for f in files]
+def _capability(device: int | None) -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}.{minor}"
+
+
+def tables(device: int | None = None) -> Tables:
+    """The trusted dispatch tables for a CUDA device (the current one by default); warns once about what
+    it refused; raises when the manifest cannot be used at all."""
+    if _BROKEN:
+        raise RuntimeError(_BROKEN)
+    index = torch.cuda.current_device() if device is None and torch.cuda.is_available() else (device or 0)
+    t = _tables.get(index)
+    if t is None:
+        with _lock:
+            t = _tables.get(index)
+            if t is None:
+                t = _trusted(MANIFEST, _HERE, _capability(index) if torch.cuda.is_available() else None)
+                seen = {w for other in _tables.values() for w in other.warnings}
+                for w in t.warnings:
+                    if w not in seen:
+                        warnings.warn(w, stacklevel=3)
+                _tables[index] = t
+    return t
+
+
+def _verified(rel: str, sha256: str) -> str:
+    """The path of a file the module cannot do without, after checking its digest."""
+    if _sha256(_HERE / rel) != sha256:
+        raise RuntimeError(f"dwgen: generated/{rel} is missing or differs from the sha256 in manifest.json "
+                           "(edited or corrupted); re-run the freeze (`python tune.py`) to write it again")
+    return str(_HERE / rel)
+
+
+def _stub(launcher: str, dropped: list[str]) -> str:
+    """C++ defining the launch functions of refused kernels, so the launcher links; nothing calls them."""
+    _, declared = _launcher_table(launcher)
+    lines = ['// dwgen: stand-ins for kernels refused by the manifest check; never called', 'extern "C" {']
+    for name in dropped:
+        if _NAME.fullmatch(name) is None or name not in declared:
+            raise RuntimeError(f"dwgen: the launcher declares no kernel {name!r}; re-run the freeze")
+        lines.append(f"int dwgen_launch_{name}({declared[name]}) {{ return 98; }}  // cudaErrorInvalidDeviceFunction")
+    return "\n".join([*lines, "}", ""])
+
+
+def _sources(t: Tables) -> list[str]:
+    """The verified sources to compile: trusted kernels, the scalar kernels, the launcher, and a stub for
+    any refused kernel."""
+    m = MANIFEST
+    files = [str(_HERE / k["file"]) for _, k in sorted(t.kernels.values(), key=lambda ik: ik[0])]
+    files += [_verified(r["file"], r["sha256"]) for r in m["generic"]["scalar"].values()]
+    launcher = _verified(m["launcher"], m["launcher_sha256"])
+    files.append(launcher)
+    if t.dropped:
+        text = _stub(Path(launcher).read_text(), t.dropped)
+        stub = Path(tempfile.gettempdir()) / f"dwgen-stub-{hashlib.sha256(text.encode()).hexdigest()[:16]}.cpp"
+        if not stub.exists() or stub.read_text() != text:
+            fd, tmp = tempfile.mkstemp(dir=stub.parent, suffix=".cpp")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, stub)
+        files.append(str(stub))
+    return files
+
+
+def extension_name(sources: list[str]) -> str:
+    """The extension's name carries the sources' sha256: a changed source is a new extension, never a stale one."""
+    h = hashlib.sha256()
+    for path in sources:
+        h.update(Path(path).read_bytes())
+    return f"dwgen_generated_{h.hexdigest()[:16]}"
 
 
 def build(verbose: bool = False):
@@ -41,15 +273,11 @@ def build(verbose: bool = False):
     global _ext
     if _ext is not None:  # every call comes here: no lock once built
         return _ext
+    t = tables()
     with _lock:
         if _ext is not None:
             return _ext
-        if not MANIFEST:
-            raise RuntimeError("dwgen: generated/manifest.json is missing; run `python tune.py` to create it")
-        sources = _sources()
-        h = hashlib.sha256()
-        for path in sources:
-            h.update(Path(path).read_bytes())
+        sources = _sources(t)
         # torch reads CUDA_HOME when cpp_extension is first imported; a bare `which nvcc` can mislead it.
         if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/bin/nvcc"):
             os.environ["CUDA_HOME"] = "/usr/local/cuda"
@@ -61,9 +289,9 @@ def build(verbose: bool = False):
             os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}"
         try:
             _ext = load(
-                name=f"dwgen_generated_{h.hexdigest()[:16]}",
+                name=extension_name(sources),
                 sources=sources,
-                extra_cuda_cflags=list(MANIFEST["nvcc_flags"]),
+                extra_cuda_cflags=list(MANIFEST["nvcc_flags"]),  # checked plain by check_manifest
                 build_directory=os.environ.get("DWGEN_BUILD_DIR") or None,
                 verbose=verbose,
             )
@@ -122,12 +350,13 @@ def _choose(x, layout, k: int, has_bias: bool, stride: int, padding: int, dilati
     if layout is None:
         return None
     dtype = _DTYPES[x.dtype]
-    name = _TUNED.get((*x.shape, k, stride, padding, dilation, dtype, has_bias, layout))
+    t = tables(x.device.index)
+    name = t.tuned.get((*x.shape, k, stride, padding, dilation, dtype, has_bias, layout))
     if name is None and stride == 1 and dilation == 1:
-        name = _FAST.get(f"{dtype}_{layout}_k{k}")
+        name = t.fast.get(f"{dtype}_{layout}_k{k}")
     if name is None or max(x.numel(), x.shape[0] * x.shape[1] * out_length) >= _INT32_LIMIT:
         return None
-    index, kernel = _KERNELS[name]
+    index, kernel = t.kernels[name]
     if x.shape[1] % kernel["channel_multiple"] != 0:
         return None
     # A (B, C, L) kernel reads from the vector boundary before a misaligned view (x[..., 1:]); a (B, L, C)
@@ -154,6 +383,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1) -> str:
     """Name of the kernel depthwise_conv1d would run for these arguments."""
     out_length = _validate(x, weight, bias, stride, padding, dilation)
+    if _BROKEN:
+        raise RuntimeError(_BROKEN)
     chosen = _choose(x, _layout(x), weight.shape[2], bias is not None, stride, padding, dilation, out_length)
     return chosen[1] if chosen else MANIFEST["generic"]["scalar"][_DTYPES[x.dtype]]["name"]
 
@@ -165,6 +396,8 @@ def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     x may be (B, C, L) contiguous or a (B, L, C) tensor viewed as (B, C, L); the result has x's memory order.
     Any other strides are read as they are by the generic kernel, which writes a (B, C, L) result."""
     out_length = _validate(x, weight, bias, stride, padding, dilation)
+    if _BROKEN:
+        raise RuntimeError(_BROKEN)
     layout = _layout(x)
     y = _empty_output(x, layout, out_length)
     if y.numel() == 0:

@@ -66,11 +66,25 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
     """Evaluate up to `trials` new variants; returns every variant measured in this study, by digest.
 
     A new study tries `seeds` first (such as the previous winner), then the known-good designs.
-    `progress` (total: `trials`) counts the variants evaluated and shows the best so far."""
+    `progress` (total: `trials`) counts the variants evaluated and shows the best so far.
+    Trials a killed tuner left RUNNING are closed first (search.study.sweep_stale)."""
+    owner = st.new_owner()
+    try:
+        return _search(problem, study, build, evaluator, trials, timeout_s, batch, seeds, log, progress, owner)
+    finally:
+        st.release(owner)
+
+
+def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Evaluator, trials: int,
+            timeout_s: float | None, batch: int | None, seeds: Sequence, log: Callable[[str], None],
+            progress: Progress | None, owner: str) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
     batch = batch or max(4, min(32, os.cpu_count() or 4))
     stats = SearchStats()
     progress = progress or Progress(trials, "search", quiet=True)
     log = progress.wrap(log)
+    swept = st.sweep_stale(study)
+    if swept:
+        log(f"closed {len(swept)} trials a stopped tuner left running (unmeasured ones are asked again)")
     known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study, problem).items()}
     if known:
         log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
@@ -113,6 +127,7 @@ def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Eva
                 st.record_skip(study, trial, ["duplicate_in_batch"], penalize=False)  # valid, maybe fast
                 stats.duplicates += 1
             else:
+                st.claim(trial, owner)
                 pending[v.digest] = (trial, v)
                 idle = 0
         if not pending:

@@ -1,8 +1,12 @@
 """The Optuna study of one problem: storage, naming, and reading back what was already measured."""
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
+import os
+import socket
+import uuid
 from pathlib import Path
 
 import optuna
@@ -26,6 +30,11 @@ def distributions(p: Problem) -> dict:
 
 RESULT_ATTR = "result"
 SKIP_ATTR = "skipped"
+OWNER_ATTR = "owner"
+SWEPT_ATTR = "swept"
+# A RUNNING trial with no owner yet is one a tuner has just asked (it claims it right after): only this
+# old is it taken for one left behind.
+UNCLAIMED_GRACE_S = 60.0
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -100,3 +109,89 @@ def record_skip(study: optuna.Study, trial: optuna.Trial, reasons: list[str], pe
         study.tell(trial, SKIP_PENALTY_MS)
     else:
         study.tell(trial, state=TrialState.FAIL)
+
+
+# Owners of searches running in this process: a RUNNING trial owned by this process but by none of these
+# was left behind by an earlier search that raised (Ctrl-C, a crash) and is as dead as a killed tuner's.
+_LIVE_OWNERS: set[str] = set()
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, so a recycled pid reads differently), "" where
+    there is no /proc to ask, None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return ""
+
+
+def new_owner() -> str:
+    """A token for one search in this process (host, pid, process start, nonce); `release` it at the end."""
+    pid = os.getpid()
+    token = f"{socket.gethostname()}:{pid}:{_process_start(pid) or ''}:{uuid.uuid4().hex[:8]}"
+    _LIVE_OWNERS.add(token)
+    return token
+
+
+def release(owner: str) -> None:
+    _LIVE_OWNERS.discard(owner)
+
+
+def claim(trial: optuna.Trial, owner: str) -> None:
+    """Mark a trial as this search's, so that a later search can tell it from one a killed tuner left."""
+    trial.set_user_attr(OWNER_ATTR, owner)
+
+
+def _left_behind(t: FrozenTrial, now: datetime.datetime) -> bool:
+    """Whether a RUNNING trial's tuner is gone. A trial claimed on another host is never taken: whether
+    that tuner lives cannot be told from here."""
+    owner = t.user_attrs.get(OWNER_ATTR)
+    if owner is None:
+        started = t.datetime_start
+        return started is None or (now - started).total_seconds() > UNCLAIMED_GRACE_S
+    host, pid, started, _ = owner.rsplit(":", 3)
+    if host != socket.gethostname():
+        return False
+    if int(pid) == os.getpid():
+        return owner not in _LIVE_OWNERS
+    return _process_start(int(pid)) != started
+
+
+def sweep_stale(study: optuna.Study) -> list[int]:
+    """Close the trials a killed tuner left RUNNING; returns their numbers.
+
+    A trial whose result was stored before the kill is told that result (it was measured: not again);
+    any other is marked failed, with a user attr saying why, so it is not counted, and its params are
+    enqueued so that the next search asks that variant first and measures it once."""
+    now = datetime.datetime.now()
+    swept, again = [], []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not _left_behind(t, now):
+            continue
+        trial = optuna.Trial(study, t._trial_id)  # the public handle on a trial another process asked
+        result = trial_result(t)
+        if result is not None:
+            record(study, trial, result, duplicate=bool(t.user_attrs.get("duplicate")))
+        else:
+            trial.set_user_attr(SWEPT_ATTR, "left RUNNING by a tuner that stopped before telling it "
+                                            "(killed?); not counted, its variant is asked again")
+            study.tell(trial, state=TrialState.FAIL)
+            if t.params and SKIP_ATTR not in t.user_attrs:
+                again.append(t.params)
+        swept.append(t.number)
+    waiting = [t.params or t.system_attrs.get("fixed_params")
+               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    for params in again:
+        if params not in waiting:  # a resume killed before it asked them has enqueued them already
+            study.enqueue_trial(params)
+            waiting.append(params)
+    return swept

@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -114,3 +115,76 @@ def test_16_bit_variants_spell_types_from_the_dtype_table(p, config):
 def test_every_variant_carries_the_launch_contract():
     v = Variant(Problem(4, 64, 1000), Config(threads=64))
     assert f"extern \"C\" int dwgen_launch_{v.name}({contract.cpp_params()})" in render.render_variant(v)
+
+
+# Values a template must never see: code, template syntax, line breaks, empty or over-long tokens, ints out
+# of range, and anything that is not an int, bool, token or list of ints.
+HOSTILE = ["x; system(1)", "1)+(", "l1\n#include </etc/passwd>", "{{ 7 * 7 }}", "}", "", "a" * 33, "L1",
+           2**20 + 1, -(2**20) - 1, 2**63, 1.5, None, {"a": 1}, (1,), [1, "x"], [True], [2**40]]
+FAMILY_VARIANTS = [
+    Variant(Problem(8, 512, 4096, 5, 1, 2, bias=True), Config(threads=128, vec=4, outs=2, walk="row", halo="smem")),
+    Variant(Problem(8, 512, 2048, 4, 1, 3, dtype="bf16", layout="blc"), blc.Config(threads=256, vec=8, outs=4)),
+]
+
+
+@pytest.mark.parametrize("v", FAMILY_VARIANTS, ids=lambda v: v.family.template)
+@pytest.mark.parametrize("bad", HOSTILE, ids=repr)
+def test_every_template_field_refuses_hostile_values(v, bad):
+    ctx = v.family.module.render_context(v.problem, v.config)
+    render._validated(ctx)  # the real context passes
+    for key in ctx:
+        with pytest.raises(render.RenderError):
+            render._validated({**ctx, key: bad})
+
+
+@pytest.mark.parametrize("bad", ["x; system(1)", "1)+(", "dw1d\nx", "dw1d{x}", "9lives", "", "dw1d_é", 7, None])
+def test_hostile_names_never_reach_a_kernel_or_the_launcher(bad):
+    with pytest.raises(render.RenderError):
+        render._identifier(bad)
+    with pytest.raises(render.RenderError):
+        render.render_launcher({"template": "frozen_launch.cpp.j2", "kernels": [{"index": 0, "name": bad}],
+                                "any_names": {"fp32": "dw1d_any_f32"}}, "0" * 64)
+    with pytest.raises(render.RenderError):
+        render.render_launcher({"template": "frozen_launch.cpp.j2", "kernels": [{"index": "0); evil(", "name": "k"}],
+                                "any_names": {"fp32": "dw1d_any_f32"}}, "0" * 64)
+
+
+@pytest.mark.parametrize("bad", [True, False, 1, 0, "true", None])
+def test_only_bools_become_cpp_bools(bad):
+    if type(bad) is bool:
+        assert render._cpp_bool(bad) == ("true" if bad else "false")
+    else:
+        with pytest.raises(render.RenderError):
+            render._cpp_bool(bad)
+
+
+@pytest.mark.parametrize("v", FAMILY_VARIANTS, ids=lambda v: v.family.template)
+def test_hostile_configs_are_refused_before_any_template(v):
+    # The context is derived from a Config and a Problem: each refuses every hostile value of every field.
+    config_type = type(v.config)
+    for axis, choices in v.family.axes.items():
+        for bad in ["x; system(1)", "1)+(", "a\nb", "{}", 2**40, -1, 1.5, None,
+                    *(int(c) for c in choices if type(c) is bool), *(c == 1 for c in choices if type(c) is int)]:
+            with pytest.raises((ValueError, TypeError)):
+                config_type(**{**v.config.to_dict(), axis: bad})
+    fields = v.problem.to_dict()
+    for name, bad in [*((f, x) for f in ("batch", "channels", "length", "kernel_size", "stride", "padding",
+                                         "dilation") for x in ("1", True, 1.0, -1, 2**70, "1)+(")),
+                      ("dtype", "fp32; system(1)"), ("dtype", "fp32\n"), ("layout", "bcl}}"), ("bias", 1),
+                      ("bias", "true")]:
+        if (name, bad) == ("stride", 2**70):
+            continue  # a valid if useless problem (one output): the render refuses it, below
+        with pytest.raises((ValueError, TypeError)):
+            Problem(**{**fields, name: bad})
+    with pytest.raises(render.RenderError):
+        render.render_variant(Variant(Problem(**{**fields, "stride": 2**70}), v.config))
+
+
+def test_the_dtype_table_spells_only_plain_cpp():
+    # an identifier, "unsigned" + one, or nothing (fp32 needs no conversion)
+    plain = re.compile(r"(unsigned )?[A-Za-z_][A-Za-z0-9_]*|")
+    header = re.compile(r"[a-z0-9_]+\.h|")
+    for d in DTYPES.values():
+        assert plain.fullmatch(d.storage) and plain.fullmatch(d.bits) and header.fullmatch(d.header), d
+        assert plain.fullmatch(d.to_float) and plain.fullmatch(d.from_float), d
+        assert all(plain.fullmatch(t) for _, t in d.vector_types), d

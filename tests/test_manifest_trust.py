@@ -1,0 +1,209 @@
+"""The frozen module checks its manifest: schema, field types, file digests, GPU architecture; what fails is
+refused with a warning and its problems run the generic kernel, never blindly."""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import warnings
+
+import pytest
+
+from dwgen import freeze, frozen_dispatch
+from dwgen.gate import load_frozen
+from tests.conftest import ROOT
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def here(tmp_path):
+    """A copy of the committed generated/ to tamper with."""
+    shutil.copytree(ROOT / "generated", tmp_path / "g")
+    return tmp_path / "g"
+
+
+def manifest(here) -> dict:
+    return json.loads((here / "manifest.json").read_text())
+
+
+def rewrite(here, edit) -> dict:
+    m = manifest(here)
+    edit(m)
+    (here / "manifest.json").write_text(json.dumps(m))
+    return m
+
+
+def trusted(here, capability: str | None = "9.0") -> frozen_dispatch.Tables:
+    m = manifest(here)
+    frozen_dispatch.check_manifest(m)
+    return frozen_dispatch._trusted(m, here, capability)
+
+
+def load(here):
+    return load_frozen(here, f"dwgen_frozen_trust_{next(_names)}")
+
+
+def tuned_entry(m: dict) -> dict:
+    """A tuned entry whose kernel no generic slot uses: refusing it changes only that entry's dispatch."""
+    fast = set(m["generic"]["fast"].values())
+    return next(e for e in m["entries"] if e["kernel"] not in fast)
+
+
+def key(e: dict) -> tuple:
+    return tuple(e["problem"][f] for f in frozen_dispatch._KEY_FIELDS)
+
+
+def test_schema_is_the_freezes():
+    assert frozen_dispatch.SCHEMA == freeze.SCHEMA
+
+
+def test_the_committed_module_is_trusted_whole(here):
+    m = manifest(here)
+    t = trusted(here)
+    assert len(t.kernels) == len(m["kernels"]) and len(t.tuned) == len(m["entries"]) > 0
+    assert t.fast == m["generic"]["fast"] and t.dropped == [] and t.warnings == []
+    assert freeze.stale_entries(here) == []
+
+
+def test_a_tampered_kernel_is_never_built_or_called(here):
+    e = tuned_entry(manifest(here))
+    k = next(k for k in manifest(here)["kernels"] if k["name"] == e["kernel"])
+    src = here / k["file"]
+    src.write_text(src.read_text().replace("{", "{ /* edited */", 1))
+    t = trusted(here)
+    assert e["kernel"] not in t.kernels and t.dropped == [e["kernel"]] and key(e) not in t.tuned
+    assert len(t.warnings) == 1 and k["file"] in t.warnings[0] and "generic kernel" in t.warnings[0]
+    assert f"sha256 {k['file']}" in freeze.stale_entries(here)
+    mod = load(here)
+    with pytest.warns(UserWarning, match=re.escape(k["file"])):
+        t = mod.tables()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: the second look warns no more
+        assert mod.tables() is t
+    sources = mod._sources(t)
+    assert str(src) not in sources and sources[-1].endswith(".cpp")
+    stub = open(sources[-1]).read()
+    # the launcher still names the refused kernel: a stand-in lets it link, and nothing dispatches to it
+    assert f"int dwgen_launch_{e['kernel']}(" in stub and stub.count("dwgen_launch_") == 1
+
+
+def test_a_missing_kernel_file_is_refused(here):
+    e = tuned_entry(manifest(here))
+    k = next(k for k in manifest(here)["kernels"] if k["name"] == e["kernel"])
+    (here / k["file"]).unlink()
+    t = trusted(here)
+    assert t.dropped == [e["kernel"]] and "missing" in t.warnings[0]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("align_bytes", "16"), ("align_bytes", True), ("align_bytes", 4096), ("channel_multiple", 0),
+    ("channel_multiple", 1.0), ("peels_misalignment", 1), ("name", "x; system(1)"),
+    ("file", "../../../etc/passwd"), ("file", "kernels/evil\n.cu"), ("sha256", None),
+])
+def test_a_kernel_record_of_the_wrong_type_is_refused(here, field, value):
+    name = tuned_entry(manifest(here))["kernel"]
+    rewrite(here, lambda m: next(k for k in m["kernels"] if k["name"] == name).__setitem__(field, value))
+    t = trusted(here)
+    assert name not in t.kernels and name in t.dropped and len(t.warnings) == 1
+
+
+def test_kernel_records_out_of_the_launchers_order_are_refused(here):
+    names = [k["name"] for k in manifest(here)["kernels"][:2]]
+    rewrite(here, lambda m: m["kernels"].__setitem__(slice(0, 2), m["kernels"][1::-1]))
+    t = trusted(here)
+    assert sorted(t.dropped) == sorted(names) and all("index" in w for w in t.warnings)
+
+
+@pytest.mark.parametrize("path, value", [
+    (("problem", "batch"), "32"), (("problem", "batch"), 0), (("problem", "bias"), 0),
+    (("problem", "dtype"), "fp64"), (("problem", "layout"), "x; system(1)"), (("machine", "capability"), 9.0),
+    (("machine",), None),
+])
+def test_a_tuned_entry_of_the_wrong_type_is_refused(here, path, value):
+    e = tuned_entry(manifest(here))
+
+    def edit(m):
+        target = next(x for x in m["entries"] if x["key"] == e["key"])
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+    rewrite(here, edit)
+    t = trusted(here)
+    assert key(e) not in t.tuned and len(t.tuned) == len(manifest(here)["entries"]) - 1
+    assert e["kernel"] in t.kernels  # the kernel is fine: only this entry's dispatch is refused
+    assert len(t.warnings) == 1 and "tuned entry" in t.warnings[0]
+
+
+def test_entries_tuned_on_another_architecture_fall_back_to_generic(here):
+    e = tuned_entry(manifest(here))
+    rewrite(here, lambda m: next(x for x in m["entries"] if x["key"] == e["key"])["machine"].__setitem__(
+        "capability", "8.0"))
+    on_hopper = trusted(here, "9.0")
+    assert key(e) not in on_hopper.tuned and e["kernel"] in on_hopper.kernels  # compiled, correct, not chosen
+    assert len(on_hopper.warnings) == 1 and "architecture 8.0" in on_hopper.warnings[0]
+    assert key(e) in trusted(here, "8.0").tuned and trusted(here, "8.0").warnings != []  # the others are 9.0
+    assert key(e) in trusted(here, None).tuned  # no GPU to compare with: nothing dispatches anyway
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda m: m.__setitem__("schema", 2), "schema 2"),
+    (lambda m: m.__setitem__("schema", "3"), "schema '3'"),
+    (lambda m: m.__setitem__("nvcc_flags", ["-O3", "-o /tmp/x; rm -rf ~"]), "nvcc_flags"),
+    (lambda m: m.__setitem__("nvcc_flags", "-O3"), "nvcc_flags"),
+    (lambda m: m.__setitem__("launcher", "../launch-0123456789ab.cpp"), "launcher"),
+    (lambda m: m.pop("launcher_sha256"), "launcher"),
+    (lambda m: m["generic"]["scalar"].pop("bf16"), "scalar"),
+    (lambda m: m["generic"]["scalar"]["fp32"].__setitem__("file", "/etc/passwd"), "scalar"),
+    (lambda m: m.__setitem__("kernels", {}), "kernels"),
+])
+def test_a_malformed_manifest_imports_and_the_first_call_says_why(here, edit, why):
+    rewrite(here, edit)
+    mod = load(here)
+    assert mod.MANIFEST == {} and callable(mod.depthwise_conv1d)
+    for call in (mod.tables, mod.build):
+        with pytest.raises(RuntimeError, match=re.escape(why) + ".*run `python tune.py`") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_bad_json_imports_and_the_first_call_says_why(here):
+    (here / "manifest.json").write_text('{"schema": 3, ')
+    with pytest.raises(RuntimeError, match=r"unreadable .*run `python tune.py`"):
+        load(here).build()
+
+
+@pytest.mark.parametrize("which", ["scalar", "launcher"])
+def test_a_tampered_scalar_kernel_or_launcher_stops_the_build(here, which):
+    m = manifest(here)
+    rel = m["generic"]["scalar"]["fp32"]["file"] if which == "scalar" else m["launcher"]
+    (here / rel).write_text((here / rel).read_text() + "// edited\n")
+    mod = load(here)
+    with pytest.raises(RuntimeError, match=re.escape(rel) + r".*re-run the freeze"):
+        mod.build()
+    assert f"sha256 {rel}" in freeze.stale_entries(here)
+
+
+def test_the_extension_name_changes_with_any_source(here):
+    mod = load(here)
+    sources = mod._sources(mod.tables())
+    name = mod.extension_name(sources)
+    assert name == mod.extension_name(list(sources)) and re.fullmatch(r"dwgen_generated_[0-9a-f]{16}", name)
+    for path in (sources[0], sources[len(sources) // 2], sources[-1]):  # a kernel, a scalar kernel, the launcher
+        original = open(path).read()
+        with open(path, "w") as f:
+            f.write(original + " ")
+        assert mod.extension_name(sources) != name, path
+        with open(path, "w") as f:
+            f.write(original)
+    assert mod.extension_name(sources) == name
+
+
+def test_nothing_is_loaded_with_pickle_or_eval():
+    pattern = re.compile(r"\b(eval|exec)\(|\bpickle\b|\bmarshal\b|torch\.load\(|yaml\.load\(|\bshelve\b")
+    files = [p for d in ("dwgen", "search", "generated") for p in (ROOT / d).rglob("*.py")] + [ROOT / "tune.py"]
+    assert len(files) > 20
+    hits = [f"{p.relative_to(ROOT)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
+            if pattern.search(line)]
+    assert hits == []
