@@ -112,3 +112,32 @@ def test_a_report_that_fails_is_one_log_line_not_a_failed_tune(tmp_path, monkeyp
     assert lines == [f"report not written for {PROBLEM.key}: RuntimeError: no display"]
     assert workflow.write_report(optuna.create_study(), PROBLEM, tmp_path / "e", None, log=lines.append) is None
     assert "nothing to plot" in lines[-1]
+
+
+def test_a_tune_writes_its_report_at_the_end_of_each_problem(tmp_path, monkeypatch):
+    from dwgen import worker
+    from search import workflow
+
+    class FakeWorker(FakeEvaluator):
+        restarts = 0
+
+        def __init__(self, problem):
+            super().__init__()
+
+        def machine(self):
+            return {"gpu": "FAKE"}
+
+        def baselines(self):
+            return {"copy_ms": 1.0, "torch_ms": 5.0}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(worker, "GpuWorker", FakeWorker)
+    lines: list[str] = []
+    w = workflow.tune_problem(PROBLEM, trials=8, timeout_s=None, sampler="tpe", seed=0,
+                              storage=st.default_storage(tmp_path), build=FakeBuilder(), frozen=None,
+                              log=lines.append, quiet=True, report_dir=tmp_path / PROBLEM.key)
+    md = (tmp_path / PROBLEM.key / "report.md").read_text()
+    assert lines[-1] == f"report: {tmp_path / PROBLEM.key / 'report.md'}"
+    assert f"Winner (re-timed against the other finalists): `{w.variant.name}`" in md
