@@ -19,7 +19,8 @@ DESCRIPTION = "Tune a depthwise conv1d problem and freeze the winner into genera
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = cli.OneLineParser(prog="tune.py", description=DESCRIPTION, epilog="tune.py show [PROBLEM] [--source] "
-                           "[--json]: what generated/ holds (tune.py show --help)")
+                           "[--json]: what generated/ holds (tune.py show --help); tune.py report PROBLEM: "
+                           "rebuild a tune's report (tune.py report --help)")
     problem_flags = add_problem_arguments(ap)
     ap.add_argument("--suite", type=Path, help="file of problems, one per line in these flags, e.g. "
                     "'--shape 16x1024x4096 --kernel-size 7'; all are tuned and frozen into one manifest")
@@ -74,10 +75,50 @@ def show(argv: list[str]) -> int:
     return 0
 
 
+def parse_report_args(argv: list[str]) -> argparse.Namespace:
+    ap = cli.OneLineParser(prog="tune.py report", description="Rebuild RUNS_DIR/PROBLEM/report.md and its plots "
+                           "from the problem's stored study.")
+    ap.add_argument("problem", help="the problem's key as the tune prints it, e.g. "
+                    "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias")
+    ap.add_argument("--storage", type=cli.storage, default=None,
+                    help="the Optuna storage the tune used (default: the sqlite file under --runs-dir)")
+    ap.add_argument("--runs-dir", type=cli.directory, default=ROOT / "runs", help="where the report goes")
+    return ap.parse_args(argv)
+
+
+def report(argv: list[str]) -> int:
+    a = parse_report_args(argv)
+    if a.storage == "memory":
+        print("tune.py report: a study kept in memory is gone once its tune ends; name a stored one",
+              file=sys.stderr)
+        return 2
+    from search import report as rep
+    from search import study as st
+
+    db = a.runs_dir / "dwgen.db"
+    if a.storage is None and not db.exists():
+        print(f"tune.py report: no study storage at {db}: tune the problem first, or give --storage",
+              file=sys.stderr)
+        return 2
+    try:
+        storage = st.open_storage(a.storage or st.default_storage(a.runs_dir))
+        path = rep.report_from_storage(storage, a.problem, a.runs_dir)
+    except st.StorageError as e:
+        print(f"tune.py report: {e}", file=sys.stderr)
+        return 1
+    except rep.ReportError as e:
+        print(f"tune.py report: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     if argv[:1] == ["show"]:  # a subcommand before any flag: `python tune.py --shape ...` stays as it was
         return show(argv[1:])
+    if argv[:1] == ["report"]:
+        return report(argv[1:])
     a = parse_args(argv)
     try:
         if bool(a.shape) == bool(a.suite):

@@ -83,8 +83,10 @@ def previous_config(problem: Problem, out_dir: Path):
 
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
                  storage: str | BaseStorage | None, build, frozen: Variant | None, seeds: tuple = (),
-                 log=print, quiet: bool = False) -> frz.Winner | None:
-    """Search one problem and decide its winner; None when no variant was correct."""
+                 log=print, quiet: bool = False, report_dir: Path | None = None) -> frz.Winner | None:
+    """Search one problem and decide its winner; None when no variant was correct.
+
+    With `report_dir`, the study's report (report.md and its plots) is written there at the end."""
     from dwgen.worker import GpuWorker
 
     t_start = time.perf_counter()
@@ -109,6 +111,8 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
         f"worker restarts {worker.restarts}, problem wall {time.perf_counter() - t_start:.1f} s")
     if decided is None:
         log(f"no correct variant found for {problem.key}")
+        if report_dir is not None:
+            write_report(study, problem, report_dir, None, log)
         return None
     v, r, times = decided
     log("re-timed finalists, interleaved (ms): " + ", ".join(f"{k} {t:.4f}" for k, t in times.items()))
@@ -117,7 +121,23 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
         log(f"frozen {frozen.name}: {times[frozen.name]:.4f} ms, {gap * 100:+.1f}% against this search's best")
     log(f"winner {v.name}: {r.kernel_ms:.4f} ms, {r.x_copy:.3f}x copy ({r.copy_ms:.4f} ms), "
         f"{r.speedup:.2f}x faster than PyTorch ({r.torch_ms:.4f} ms)")
+    if report_dir is not None:
+        write_report(study, problem, report_dir, r, log)
     return frz.Winner(v, r, machine)
+
+
+def write_report(study, problem: Problem, out_dir: Path, winner, log=print) -> Path | None:
+    """The problem's report; a report that cannot be made is one line in the log, never a failed tune."""
+    try:
+        from search import report
+
+        path = report.write_report(study, problem.key, out_dir, winner=winner)
+    except Exception as e:  # no matplotlib, a plot that fails: the search's results stand without it
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        log(f"report not written for {problem.key}: {type(e).__name__}: {first}")
+        return None
+    log(f"report: {path}")
+    return path
 
 
 def freeze_gated(winners: list[frz.Winner], out_dir: Path, generic: dict | None = None, log=print) -> dict:
@@ -162,7 +182,7 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
         previous = previous_config(p, out_dir)
         w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=opened,
                          build=build, frozen=frozen_variant(p, out_dir), seeds=(previous,) if previous else (),
-                         log=log, quiet=quiet)
+                         log=log, quiet=quiet, report_dir=runs_dir / p.key)
         if w is not None:
             winners.append(w)
     log("")

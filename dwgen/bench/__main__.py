@@ -5,7 +5,7 @@ eager, torch.compile, a simple Triton kernel, a naive CUDA kernel and generated.
 checked against the float64 reference, then all timed interleaved. Problems whose data fit in L2 are
 timed as CUDA-graph replays of one call, so that their few microseconds of GPU time are not hidden
 behind the host's; the host time of a plain call is measured apart and reported beside it.
-Writes results.json and results.md.
+Writes results.json, results.md and results.png (the bar chart of dwgen/bench/plot.py).
 """
 from __future__ import annotations
 
@@ -180,6 +180,12 @@ def main(argv: list[str]) -> int:
     (a.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     md = markdown(results)
     (a.out / "results.md").write_text(md + "\n")
+    try:
+        from dwgen.bench.plot import plot
+
+        plot(results, a.out / "results.png")
+    except Exception as e:  # no matplotlib, a plot that fails: the measured table stands without its chart
+        print(f"python -m dwgen.bench: results.png not written: {type(e).__name__}: {e}", file=sys.stderr)
     print(json.dumps(results, indent=2) if a.json else md)
     return 0
 
