@@ -284,12 +284,14 @@ def write_report(study: optuna.Study, key: str, out_dir: Path, winner: Result | 
     missing = [label for impl, label in BENCH_CONTENDERS.items() if label not in borrowed]
     if borrowed:
         machine = json.loads(bench_results.read_text()).get("machine", {})
-        lines.append(f"{' and '.join(borrowed)} (grey) come from `python -m dwgen.bench` "
+        verb = "comes" if len(borrowed) == 1 else "come"
+        lines.append(f"The {' and '.join(borrowed)} (grey) {verb} from `python -m dwgen.bench` "
                      f"({machine.get('gpu', '?')}, {machine.get('date', '?')}), a separate run: their bars "
                      "compare across processes.")
     if missing:
         lines.append(f"{' and '.join(missing)}: not measured by the tune, and `benchmarks/results.json` has no "
-                     "timed row for this problem; `python -m dwgen.bench --suite FILE` measures them.")
+                     "timed row for this problem; `python -m dwgen.bench` (without `--only`) measures "
+                     f"{'it' if len(missing) == 1 else 'them'}.")
     lines.append("")
     plot_bars(bars, out_dir / "winner.png", f"{key}: winner against the alternatives")
 

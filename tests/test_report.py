@@ -59,7 +59,7 @@ def test_bench_rows_are_borrowed_only_when_there(tmp_path):
     assert [(b[0].split("\n")[0], b[1]) for b in bars] == [("dwgen", best.kernel_ms), ("copy_", 1.0),
                                                             ("PyTorch", 5.0), ("torch.compile", 4.5)]
     md = report.write_report(study, PROBLEM.key, tmp_path / "r", bench_results=tmp_path / "results.json").read_text()
-    assert "torch.compile (grey) come from `python -m dwgen.bench`" in md
+    assert "The torch.compile (grey) comes from `python -m dwgen.bench`" in md
     assert "naive CUDA kernel: not measured" in md
 
 
