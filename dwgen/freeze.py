@@ -108,7 +108,7 @@ def entry_variant(e: dict) -> Variant:
     return Variant(p, make_config(p, e["config"]))
 
 
-def _generic_choices(old: dict, new: dict | None, log) -> dict:
+def _generic_choices(old: dict, new: dict | None) -> dict:
     """The measured generic designs: the previous manifest's, updated by new measurements (search.generic)."""
     chosen = dict(old.get("generic", {}).get("chosen", {}))
     chosen.update(new or {})
@@ -128,7 +128,7 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
     if old and old.get("schema") != SCHEMA:
         log(f"dropping {len(old.get('entries', []))} entries of manifest schema {old.get('schema')}; re-tune them")
         old = {}
-    chosen = _generic_choices(old, generic, log)
+    chosen = _generic_choices(old, generic)
     for e in old.get("entries", []):
         if entry_variant(e).digest == e["digest"]:
             entries[e["key"]] = e
@@ -146,10 +146,9 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
     for k in kernels:
         k["sha256"] = sha256_text(sources[k["file"]])
     scalar = {}
-    for dtype in DTYPES:
-        rec = _any_record(dtype)
+    for dtype, (rec, text) in _any_sources().items():
         scalar[dtype] = rec
-        sources[rec["file"]] = render.render_any(dtype)
+        sources[rec["file"]] = text
     launch_file, launcher = _launcher(kernels, scalar)
     sources[launch_file] = launcher
 
@@ -178,10 +177,14 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
     return manifest
 
 
-def _any_record(dtype: str) -> dict:
-    name, digest = render.any_name(dtype), render.any_digest(dtype)
-    return {"name": name, "digest": digest, "file": f"kernels/{name}-{digest[:12]}.cu",
-            "sha256": sha256_text(render.render_any(dtype))}
+def _any_sources() -> dict[str, tuple[dict, str]]:
+    """Each dtype's scalar kernel: its manifest record and its source, rendered once."""
+    out = {}
+    for dtype in DTYPES:
+        name, digest, text = render.any_name(dtype), render.any_digest(dtype), render.render_any(dtype)
+        out[dtype] = ({"name": name, "digest": digest, "file": f"kernels/{name}-{digest[:12]}.cu",
+                       "sha256": sha256_text(text)}, text)
+    return out
 
 
 def _launcher(kernels: list[dict], scalar: dict) -> tuple[str, str]:
@@ -227,9 +230,10 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         if v is None or v.digest != k["digest"] or (out_dir / k["file"]).read_text() != render.render_variant(v):
             stale.append(k["name"])
     fast = {generic_key(v.problem): v.name for v in fast_variants}
-    scalar = {dtype: _any_record(dtype) for dtype in DTYPES}
+    current = _any_sources()
+    scalar = {dtype: rec for dtype, (rec, _) in current.items()}
     if m["generic"]["scalar"] != scalar or m["generic"]["fast"] != fast or any(
-            (out_dir / r["file"]).read_text() != render.render_any(d) for d, r in scalar.items()):
+            (out_dir / rec["file"]).read_text() != text for rec, text in current.values()):
         stale.append("generic")
     launch_file, launcher = _launcher(m["kernels"], scalar)
     if m["launcher"] != launch_file or (out_dir / launch_file).read_text() != launcher:

@@ -90,3 +90,19 @@ def test_grad_free_context_is_not_refused():
     x = torch.randn(2, 4, 16, requires_grad=True)
     with torch.no_grad(), pytest.raises(ValueError, match="CUDA device"):
         generated.depthwise_conv1d(x, torch.randn(4, 1, 3), padding=1)
+
+
+def test_misaligned_weight_is_copied_aligned_and_aligned_one_is_not_copied():
+    """Kernels read weight and bias as 16-byte vectors: a weight view off that boundary gets an aligned copy
+    (C*K elements; x is never copied), an aligned one is handed over as it is."""
+    import torch
+
+    import generated
+
+    flat = torch.randn(4 * 3 + 1)
+    view = flat[1:].view(4, 1, 3)
+    assert view.data_ptr() % 16 != 0
+    copy = generated._aligned(view)
+    assert copy.data_ptr() % 16 == 0 and torch.equal(copy, view)
+    w = torch.randn(4, 1, 3)
+    assert generated._aligned(w) is w

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dwgen import bench, check, cli
 from dwgen.bench.contenders import CONTENDERS
+from dwgen.bench.labels import problem_label
 from dwgen.problem import Problem, ProblemError
 from dwgen.suite import read_suite
 
@@ -95,20 +96,6 @@ def cell(r: dict) -> str:
         flag += " †"
     spread = f", {r['x_copy_p10']:.2f}-{r['x_copy_p90']:.2f}" if r.get("x_copy_p10") else ""
     return f"{r['ms']:.4f} ({r['x_copy']:.2f}x{spread}){flag}"
-
-
-def problem_label(r: dict) -> str:
-    s = f"{r['shape']} {r.get('dtype', 'fp32')}{' (B,L,C)' if r.get('layout') == 'blc' else ''} " \
-        f"K{r['kernel_size']} P{r['padding']}"
-    if r["stride"] != 1:
-        s += f" S{r['stride']}"
-    if r["dilation"] != 1:
-        s += f" D{r['dilation']}"
-    if r["bias"]:
-        s += " bias"
-    if r.get("timing") == "graph":
-        s += " (graph)"
-    return s
 
 
 def markdown(results: dict) -> str:

@@ -36,7 +36,7 @@ def plot(results: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from dwgen.bench.__main__ import problem_label
+    from dwgen.bench.labels import problem_label
 
     problems = rows_by_problem(results)
     names = list(dict.fromkeys(r["implementation"] for _, _, impls in problems for r in impls.values()

@@ -184,3 +184,23 @@ def test_memcheck_finds_no_errors(tmp_path):
     (tmp_path / "memcheck.log").write_text(out.stdout + out.stderr)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("layout", ["bcl", "blc"])
+def test_misaligned_weight_and_bias_views(layout):
+    """Weight and bias views that start off a 16-byte boundary give the right result."""
+    import torch
+
+    import generated
+
+    p = Problem(2, 64, 1000, 4, 1, 3, dtype="bf16", bias=True, layout=layout)
+    x, w, b = check.make_inputs(p, 7)
+    wflat = torch.empty(w.numel() + 1, device="cuda", dtype=w.dtype)
+    bflat = torch.empty(b.numel() + 1, device="cuda", dtype=b.dtype)
+    wv, bv = wflat[1:].view_as(w), bflat[1:].view_as(b)
+    wv.copy_(w)
+    bv.copy_(b)
+    y = generated.depthwise_conv1d(x, wv, bv, p.stride, p.padding, p.dilation)
+    ref, scale = check.reference(p, x, w, b)
+    outcome = check.compare(p, y, ref, scale)
+    assert outcome.ok, outcome.message
