@@ -24,6 +24,14 @@ _TOKEN = re.compile(r"^[a-z0-9_]{1,32}$")
 ANY_THREADS = 256
 ANY_MAX_BLOCKS = 1 << 20
 NAIVE_TEMPLATE = "naive.cu.j2"
+BWD_ANY_TEMPLATE = "dw1d_bwd_any.cu.j2"
+# The generic backward's numbers: threads a block; grad_weight taps one pass over a chunk keeps in registers;
+# the reduction's chunking (at least BWD_ANY_MIN_CHUNK outputs of a channel a block, and chunks only until
+# BWD_ANY_TARGET_BLOCKS blocks: about two waves of 256-thread blocks on an H200, few partials to sum).
+BWD_ANY_THREADS = 256
+BWD_ANY_TAPS = 8
+BWD_ANY_MIN_CHUNK = 4096
+BWD_ANY_TARGET_BLOCKS = 2048
 
 
 class RenderError(ValueError):
@@ -108,6 +116,28 @@ def render_any(dtype: str) -> str:
     return _ENV.get_template(ANY_TEMPLATE).render(
         template=ANY_TEMPLATE, name=any_name(dtype), digest=any_digest(dtype), threads=_cpp_int(ANY_THREADS),
         max_blocks=_cpp_int(ANY_MAX_BLOCKS), **_dtype_context(DTYPES[dtype]))
+
+
+def _bwd_any_numbers() -> dict:
+    return {"threads": BWD_ANY_THREADS, "taps": BWD_ANY_TAPS, "max_blocks": ANY_MAX_BLOCKS,
+            "min_chunk": BWD_ANY_MIN_CHUNK, "target_blocks": BWD_ANY_TARGET_BLOCKS}
+
+
+def bwd_any_name(dtype: str) -> str:
+    return f"dw1d_bwd_any_{DTYPES[dtype].token}"
+
+
+def bwd_any_digest(dtype: str) -> str:
+    return content_digest({"name": bwd_any_name(dtype), **_bwd_any_numbers(), "flags": list(NVCC_FLAGS)},
+                          (BWD_ANY_TEMPLATE,))
+
+
+def render_bwd_any(dtype: str) -> str:
+    """CUDA source of the generic backward (grad_x, grad_weight, grad_bias) for every problem of one element type."""
+    numbers = {k: _cpp_int(v) for k, v in _bwd_any_numbers().items()}
+    return _ENV.get_template(BWD_ANY_TEMPLATE).render(
+        template=BWD_ANY_TEMPLATE, name=bwd_any_name(dtype), digest=bwd_any_digest(dtype), **numbers,
+        **_dtype_context(DTYPES[dtype]))
 
 
 def naive_name(dtype: str) -> str:
