@@ -74,13 +74,16 @@ def torch_conv(p: Problem, x, w, b):
     return F.conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.channels)
 
 
-def reference(p: Problem, x, w, b):
-    """float64 result and the float64 error scale conv(|x|, |w|) + |b| for each output."""
+def reference(p: Problem, x, w, b, act: int = 0):
+    """float64 result and the float64 error scale conv(|x|, |w|) + |b| for each output (SiLU, whose slope
+    stays below 1.1, keeps that scale)."""
+    import torch.nn.functional as F
+
     xd, wd = x.double(), w.double()
     bd = b.double() if b is not None else None
     ref = torch_conv(p, xd, wd, bd)
     scale = torch_conv(p, xd.abs(), wd.abs(), bd.abs() if bd is not None else None)
-    return ref, scale
+    return (F.silu(ref) if act == 1 else ref), scale
 
 
 def compare(p: Problem, out, ref, scale) -> CheckOutcome:
@@ -113,24 +116,25 @@ class ReferenceCache:
         self.device, self.max_entries = device, max_entries
         self._entries: dict = {}
 
-    def get(self, p: Problem, seed: int):
-        key = (p, seed)
+    def get(self, p: Problem, seed: int, act: int = 0):
+        key = (p, seed, act)
         if key not in self._entries:
             if len(self._entries) >= self.max_entries:
                 self._entries.pop(next(iter(self._entries)))
             x, w, b = make_inputs(p, seed, self.device)
-            self._entries[key] = (x, w, b, *reference(p, x, w, b))
+            self._entries[key] = (x, w, b, *reference(p, x, w, b, act))
         return self._entries[key]
 
 
-def check(p: Problem, run: Callable, seeds=SEEDS, cache: ReferenceCache | None = None) -> CheckOutcome:
-    """Run `run(problem, x, w, b, y)` on random inputs per seed, y pre-filled with NaN, and compare."""
+def check(p: Problem, run: Callable, seeds=SEEDS, cache: ReferenceCache | None = None, act: int = 0) -> CheckOutcome:
+    """Run `run(problem, x, w, b, y)` on random inputs per seed, y pre-filled with NaN, and compare (with
+    SiLU applied to the reference when act is 1)."""
     import torch
 
     cache = cache or ReferenceCache()
     worst = 0.0
     for seed in seeds:
-        x, w, b, ref, scale = cache.get(p, seed)
+        x, w, b, ref, scale = cache.get(p, seed, act)
         y, guards_intact = guarded_output(p, device=x.device)
         run(p, x, w, b, y)
         torch.cuda.synchronize()
@@ -140,4 +144,55 @@ def check(p: Problem, run: Callable, seeds=SEEDS, cache: ReferenceCache | None =
         if not outcome.ok:
             return CheckOutcome(False, f"seed {seed}: {outcome.message}", outcome.max_rel_error)
         worst = max(worst, outcome.max_rel_error)
+    return CheckOutcome(True, "", worst)
+
+
+# The backward: grad_x, grad_weight and grad_bias of depthwise_conv1d (with SiLU when act is 1) against
+# float64 autograd of F.conv1d on the same inputs. Each gradient's error is bounded like the forward's,
+# by the sum of the magnitudes it adds up (|w|*|g| for grad_x, |g|*|x| for grad_weight, |g| for grad_bias,
+# g being grad_out through the activation), so long reductions over B and L are judged by their own size.
+def backward_reference(p: Problem, x, w, b, gy, act: int):
+    """float64 (grad_x, grad_weight, grad_bias) and their error scales."""
+    import torch
+    import torch.nn.functional as F
+
+    xd = x.double().requires_grad_()
+    wd = w.double().requires_grad_()
+    bd = b.double().requires_grad_() if b is not None else None
+    with torch.enable_grad():
+        z = torch_conv(p, xd, wd, bd)
+        y = F.silu(z) if act == 1 else z
+        grads = torch.autograd.grad(y, [t for t in (xd, wd, bd) if t is not None], gy.double(), retain_graph=True)
+        g = torch.autograd.grad(y, z, gy.double())[0] if act == 1 else gy.double()
+        xa = xd.detach().abs().requires_grad_()
+        wa = wd.detach().abs().requires_grad_()
+        za = torch_conv(p, xa, wa, None)
+        sx, sw = torch.autograd.grad(za, [xa, wa], g.abs())
+    sb = g.abs().sum(dim=(0, 2))
+    gb = grads[2] if b is not None else g.sum(dim=(0, 2))
+    return (grads[0], grads[1], gb), (sx, sw, sb)
+
+
+def check_backward(p: Problem, run: Callable, act: int = 0, seeds=(0, 1)) -> CheckOutcome:
+    """Run `run(problem, x, w, b, gy, gx, gw, gb)` (outputs NaN-filled, gx in x's layout) and compare all three."""
+    import torch
+
+    worst = 0.0
+    for seed in seeds:
+        x, w, b = make_inputs(p, seed)
+        gen = torch.Generator(device=x.device).manual_seed(1000 + seed)
+        gy = in_layout(torch.randn(p.batch, p.channels, p.out_length, generator=gen, device=x.device).to(x.dtype),
+                       p.layout)
+        gx = in_layout(torch.full(x.shape, float("nan"), device=x.device, dtype=x.dtype), p.layout)
+        gw = torch.full(w.shape, float("nan"), device=x.device, dtype=x.dtype)
+        gb = torch.full((p.channels,), float("nan"), device=x.device, dtype=x.dtype)
+        run(p, x, w, b, gy, gx, gw, gb)
+        torch.cuda.synchronize()
+        refs, scales = backward_reference(p, x, w, b, gy, act)
+        for what, got, ref, scale in zip(("grad_x", "grad_weight", "grad_bias"), (gx, gw, gb), refs, scales,
+                                         strict=True):
+            outcome = compare(p, got, ref, scale)
+            if not outcome.ok:
+                return CheckOutcome(False, f"seed {seed} act {act}: {what}: {outcome.message}", outcome.max_rel_error)
+            worst = max(worst, outcome.max_rel_error)
     return CheckOutcome(True, "", worst)

@@ -17,9 +17,10 @@ from dwgen import render
 from dwgen.dtypes import DTYPES
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import NVCC_FLAGS, Variant, generic_key, generic_variants, make_config, signature
+from dwgen.space import (NVCC_FLAGS, Variant, generic_bwd_variants, generic_key, generic_variants, make_config,
+                         signature)
 
-SCHEMA = 3  # 3: dtypes and layouts, kernels launched through their own launch functions, generic choices inside
+SCHEMA = 4  # 4: backward kernels beside the forward ones, the op registered in C++ (3: dtypes and layouts)
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "generated"
 DISPATCH_SOURCE = Path(__file__).resolve().parent / "frozen_dispatch.py"
 LAUNCH_TEMPLATE = "frozen_launch.cpp.j2"
@@ -76,7 +77,7 @@ def _kernel_record(v: Variant) -> dict:
         "align_bytes": v.align_bytes,
         "channel_multiple": v.channel_multiple,
         # (B, C, L) kernels read from the vector boundary before a misaligned x; (B, L, C) ones need it aligned
-        "peels_misalignment": v.problem.layout == "bcl",
+        "peels_misalignment": v.direction == "fwd" and v.problem.layout == "bcl",
     }
 
 
@@ -139,17 +140,21 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         entries[e["key"]] = e
     variants = {v.name: v for v in map(entry_variant, entries.values())}
     fast = generic_variants({k: c["config"] for k, c in chosen.items()})
-    for v in fast:
+    fast_bwd = generic_bwd_variants()
+    for v in [*fast, *fast_bwd]:
         variants.setdefault(v.name, v)
     kernels = [_kernel_record(variants[n]) for n in sorted(variants)]
     sources = {k["file"]: render.render_variant(variants[k["name"]]) for k in kernels}
     for k in kernels:
         k["sha256"] = sha256_text(sources[k["file"]])
-    scalar = {}
+    scalar, scalar_bwd = {}, {}
     for dtype, (rec, text) in _any_sources().items():
         scalar[dtype] = rec
         sources[rec["file"]] = text
-    launch_file, launcher = _launcher(kernels, scalar)
+    for dtype, (rec, text) in _any_sources("bwd").items():
+        scalar_bwd[dtype] = rec
+        sources[rec["file"]] = text
+    launch_file, launcher = _launcher(kernels, scalar, scalar_bwd)
     sources[launch_file] = launcher
 
     manifest = {
@@ -160,8 +165,10 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         "entries": [entries[k] for k in sorted(entries)],
         "generic": {
             "fast": {generic_key(v.problem): v.name for v in fast},
+            "fast_bwd": {generic_key(v.problem): v.name for v in fast_bwd},
             "chosen": chosen,
             "scalar": scalar,
+            "scalar_bwd": scalar_bwd,
         },
         "launcher": launch_file,
         "launcher_sha256": sha256_text(launcher),
@@ -177,22 +184,26 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
     return manifest
 
 
-def _any_sources() -> dict[str, tuple[dict, str]]:
-    """Each dtype's scalar kernel: its manifest record and its source, rendered once."""
+def _any_sources(direction: str = "fwd") -> dict[str, tuple[dict, str]]:
+    """Each dtype's scalar kernel of a direction: its manifest record and its source, rendered once."""
     out = {}
     for dtype in DTYPES:
-        name, digest, text = render.any_name(dtype), render.any_digest(dtype), render.render_any(dtype)
+        if direction == "fwd":
+            name, digest, text = render.any_name(dtype), render.any_digest(dtype), render.render_any(dtype)
+        else:
+            name, digest, text = render.bwd_any_name(dtype), render.bwd_any_digest(dtype), render.render_bwd_any(dtype)
         out[dtype] = ({"name": name, "digest": digest, "file": f"kernels/{name}-{digest[:12]}.cu",
                        "sha256": sha256_text(text)}, text)
     return out
 
 
-def _launcher(kernels: list[dict], scalar: dict) -> tuple[str, str]:
+def _launcher(kernels: list[dict], scalar: dict, scalar_bwd: dict) -> tuple[str, str]:
     """File name and source of the dispatcher for these kernel records (index = position)."""
     ctx = {
         "template": LAUNCH_TEMPLATE,
-        "kernels": [{"index": i, "name": k["name"]} for i, k in enumerate(kernels)],
+        "kernels": [{"index": i, "name": k["name"], "direction": k["direction"]} for i, k in enumerate(kernels)],
         "any_names": {dtype: rec["name"] for dtype, rec in scalar.items()},
+        "bwd_any_names": {dtype: rec["name"] for dtype, rec in scalar_bwd.items()},
     }
     digest = hashlib.sha256(json.dumps(ctx, sort_keys=True).encode()).hexdigest()
     return f"launch-{digest[:12]}.cpp", render.render_launcher(ctx, digest)
@@ -201,7 +212,7 @@ def _launcher(kernels: list[dict], scalar: dict) -> tuple[str, str]:
 def source_files(manifest: dict) -> list[str]:
     """Every source the frozen module compiles, each its own translation unit (built in parallel)."""
     return ([k["file"] for k in manifest["kernels"]] + [r["file"] for r in manifest["generic"]["scalar"].values()]
-            + [manifest["launcher"]])
+            + [r["file"] for r in manifest["generic"]["scalar_bwd"].values()] + [manifest["launcher"]])
 
 
 def _collect_garbage(out_dir: Path, manifest: dict) -> None:
@@ -224,24 +235,30 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
     stale = [e["key"] for e in m["entries"] if entry_variant(e).digest != e["digest"]]
     # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
     fast_variants = generic_variants({k: c["config"] for k, c in m["generic"]["chosen"].items()})
-    variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *fast_variants]}
+    bwd_variants = generic_bwd_variants()
+    variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *fast_variants, *bwd_variants]}
     for k in m["kernels"]:
         v = variants.get(k["name"])
         if v is None or v.digest != k["digest"] or (out_dir / k["file"]).read_text() != render.render_variant(v):
             stale.append(k["name"])
     fast = {generic_key(v.problem): v.name for v in fast_variants}
-    current = _any_sources()
+    fast_bwd = {generic_key(v.problem): v.name for v in bwd_variants}
+    current, current_bwd = _any_sources(), _any_sources("bwd")
     scalar = {dtype: rec for dtype, (rec, _) in current.items()}
-    if m["generic"]["scalar"] != scalar or m["generic"]["fast"] != fast or any(
-            (out_dir / rec["file"]).read_text() != text for rec, text in current.values()):
+    scalar_bwd = {dtype: rec for dtype, (rec, _) in current_bwd.items()}
+    if (m["generic"]["scalar"] != scalar or m["generic"].get("scalar_bwd") != scalar_bwd or m["generic"]["fast"] != fast
+            or m["generic"].get("fast_bwd") != fast_bwd or any(
+                (out_dir / rec["file"]).read_text() != text
+                for rec, text in [*current.values(), *current_bwd.values()])):
         stale.append("generic")
-    launch_file, launcher = _launcher(m["kernels"], scalar)
+    launch_file, launcher = _launcher(m["kernels"], scalar, scalar_bwd)
     if m["launcher"] != launch_file or (out_dir / launch_file).read_text() != launcher:
         stale.append("launcher")
     if (out_dir / "__init__.py").read_text() != DISPATCH_SOURCE.read_text():
         stale.append("dispatch")
     recorded = [(k["file"], k.get("sha256")) for k in m["kernels"]]
     recorded += [(r["file"], r.get("sha256")) for r in m["generic"]["scalar"].values()]
+    recorded += [(r["file"], r.get("sha256")) for r in m["generic"].get("scalar_bwd", {}).values()]
     recorded.append((m["launcher"], m.get("launcher_sha256")))
     for rel, digest in recorded:
         path = out_dir / rel

@@ -3,8 +3,9 @@
 python -m dwgen.gate DIR imports the frozen module in DIR (building it), then for every kernel it holds,
 tuned and generic, launches it through the module's own launcher on its problem and on the family's edge
 problems (odd lengths, tiny shapes, other padding and bias, a misaligned x where the family peels it), with
-the output NaN-poisoned inside NaN guard bands, and checks each against the float64 reference. It also
-checks that each tuned problem dispatches to its kernel, and the generic kernels of every dtype. Exit 0
+the output NaN-poisoned inside NaN guard bands, and checks each against the float64 reference (a backward
+kernel's grad_x, grad_weight and grad_bias against float64 autograd, with and without SiLU). It also
+checks that each tuned problem dispatches to its kernel, and the generic kernels of every dtype, both ways. Exit 0
 only when every check passed; the tuner commits a manifest only then.
 """
 from __future__ import annotations
@@ -50,6 +51,40 @@ def signature_problem(k: dict) -> Problem:
                    s["dilation"], s["dtype"], layout=s["layout"])
 
 
+def _gate_forward(ext, index: int, k: dict, base: Problem, cache) -> str | None:
+    variant = Variant(base, make_config(base, k["config"]))
+
+    def run(q, x, w, b, y, act=0):
+        ext.launch(index, x, w.contiguous(), b, y, q.padding, act)
+
+    for q in [base, *variant.edge_problems()]:
+        outcome = check.check(q, run, seeds=SEEDS, cache=cache)
+        if outcome.ok and k["peels_misalignment"]:
+            outcome = check.check(q, lambda q_, x, w, b, y: run(q_, misaligned(x), w, b, y), seeds=(2,), cache=cache)
+        if not outcome.ok:
+            return outcome.message
+    outcome = check.check(base, lambda q, x, w, b, y: run(q, x, w, b, y, 1), seeds=(3,), cache=cache, act=1)
+    return None if outcome.ok else outcome.message
+
+
+def _gate_backward(ext, index: int, k: dict, base: Problem) -> str | None:
+    variant = Variant(base, make_config(base, k["config"], "bwd"), "bwd")
+    for q in [base, *variant.edge_problems()]:
+        for act in ((0, 1) if q == base else (q.length % 2,)):
+            def run(q_, x, w, b, gy, gx, gw, gb, act=act):
+                ext.launch_backward(index, gy, x, w.contiguous(), b, gx, gw, gb, q_.padding, act)
+
+            outcome = check.check_backward(q, run, act=act, seeds=SEEDS)
+            if not outcome.ok:
+                return outcome.message
+    return None
+
+
+# Problems only the generic kernels take (stride, dilation or K past the fast ones, a strided x).
+GENERIC_PROBLEMS = ((2, 5, 301, 33, 3, 7, 2, True, "bcl"), (1, 3, 40, 64, 4, 40, 1, False, "bcl"),
+                    (2, 6, 77, 5, 1, 2, 8, False, "blc"), (2, 16, 130, 4, 2, 3, 1, True, "blc"))
+
+
 def gate(mod, log=print) -> list[str]:
     """Every failure, as one line each; empty when the module may ship."""
     import torch
@@ -58,25 +93,16 @@ def gate(mod, log=print) -> list[str]:
     failures: list[str] = []
     cache = check.ReferenceCache()
     tuned = {e["kernel"]: Problem(**e["problem"]) for e in mod.MANIFEST["entries"]}
-    for index, k in enumerate(mod.MANIFEST["kernels"]):
+    kernels = mod.MANIFEST["kernels"]
+    for index, k in enumerate(kernels):
         base = tuned.get(k["name"], signature_problem(k))
-        variant = Variant(base, make_config(base, k["config"]))
-        problems = [base] + variant.edge_problems()
-
-        def run(q, x, w, b, y, index=index):
-            ext.launch(index, x, w.contiguous(), b, y, q.padding)
-
-        status = "ok"
-        for q in problems:
-            outcome = check.check(q, run, seeds=SEEDS, cache=cache)
-            if outcome.ok and k["peels_misalignment"]:
-                outcome = check.check(q, lambda q_, x, w, b, y: run(q_, misaligned(x), w, b, y), seeds=(2,),
-                                      cache=cache)
-            if not outcome.ok:
-                failures.append(f"{k['name']}: {outcome.message}")
-                status = "FAILED"
-                break
-        log(f"[{index + 1:3d}/{len(mod.MANIFEST['kernels'])}] {k['name']}: {status} ({len(problems)} problems)")
+        if k["direction"] == "bwd":
+            why = _gate_backward(ext, index, k, base)
+        else:
+            why = _gate_forward(ext, index, k, base, cache)
+        if why is not None:
+            failures.append(f"{k['name']}: {why}")
+        log(f"[{index + 1:3d}/{len(kernels)}] {k['name']}: {'ok' if why is None else 'FAILED'}")
     for name, p in tuned.items():
         x, w, b = check.make_inputs(p, 0)
         got = mod.kernel_for(x, w, b, p.stride, p.padding, p.dilation)
@@ -87,13 +113,21 @@ def gate(mod, log=print) -> list[str]:
                 mod.depthwise_conv1d(x, w, b, q.stride, q.padding, q.dilation)), seeds=(3,), cache=cache)
         if not outcome.ok:
             failures.append(f"depthwise_conv1d on {p.key}: {outcome.message}")
-    for dtype, rec in mod.MANIFEST["generic"]["scalar"].items():
-        for p in (Problem(2, 5, 301, 33, 3, 7, 2, dtype, bias=True), Problem(1, 3, 40, 64, 4, 40, 1, dtype),
-                  Problem(2, 6, 77, 5, 1, 2, 8, dtype, layout="blc")):
-            outcome = check.check(p, lambda q, x, w, b, y: ext.launch_any(x, w, b, y, q.kernel_size, q.stride,
-                                                                         q.padding, q.dilation), cache=cache)
-            if not outcome.ok:
-                failures.append(f"{rec['name']}: {outcome.message}")
+    op, op_bwd = torch.ops.dwgen.depthwise_conv1d.default, torch.ops.dwgen.depthwise_conv1d_backward.default
+    for dtype in mod.MANIFEST["generic"]["scalar"]:
+        for b_, c_, n_, k_, s_, p_, d_, bias, layout in GENERIC_PROBLEMS:
+            p = Problem(b_, c_, n_, k_, s_, p_, d_, dtype, bias=bias, layout=layout)
+            for act in (0, 1):
+                outcome = check.check(p, lambda q, x, w, b, y, act=act: y.copy_(
+                    op(x, w, b, q.stride, q.padding, q.padding, q.dilation, act)), seeds=(4,), cache=cache, act=act)
+                if outcome.ok:
+                    def run(q, x, w, b, gy, gx, gw, gb, act=act):
+                        rx, rw, rb = op_bwd(gy, x, w, b, q.stride, q.padding, q.padding, q.dilation, act)
+                        gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
+
+                    outcome = check.check_backward(p, run, act=act, seeds=(5,))
+                if not outcome.ok:
+                    failures.append(f"generic {dtype}: {outcome.message}")
     return failures
 
 

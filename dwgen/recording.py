@@ -67,6 +67,8 @@ def problem_of(x, weight, bias, stride, padding, dilation, groups: int | None = 
     stride, padding, dilation = _one(stride), _one(padding), _one(dilation)
     if padding == "valid":
         padding = 0
+    elif padding == "causal":
+        return "padding 'causal' (left only): tune.py tunes symmetric padding; the generic kernels run it"
     elif padding == "same":
         # torch pads (K-1)*dilation in all, split evenly when it can; an odd total pads one side more,
         # which no symmetric padding describes
@@ -112,19 +114,21 @@ def record(path: str | Path, conv1d: bool = False) -> Iterator[Recorder]:
     generated = _generated()
     if generated is not None:
         validate = generated._validate
-        entry = generated.depthwise_conv1d.__code__
+        entry = generated._call_checked.__code__
 
-        # Hooked at the check that every depthwise_conv1d call makes first, not at depthwise_conv1d itself:
-        # a model that did `from generated import depthwise_conv1d` holds the function, not the module's
-        # name, and would pass a replaced name by. kernel_for also checks its arguments: only calls that
-        # come from depthwise_conv1d are recorded.
-        def checked(x, weight, bias, stride, padding, dilation):
+        # Hooked at the check of the checked path, which every depthwise_conv1d call takes while recording
+        # (_FAST off), not at depthwise_conv1d itself: a model that did `from generated import
+        # depthwise_conv1d` holds the function, not the module's name, and would pass a replaced name by.
+        # kernel_for also checks its arguments: only calls that come from depthwise_conv1d are recorded.
+        def checked(x, weight, bias, stride, padding, dilation, activation=None):
             if sys._getframe(1).f_code is entry:
                 rec.see(x, weight, bias, stride, padding, dilation)
-            return validate(x, weight, bias, stride, padding, dilation)
+            return validate(x, weight, bias, stride, padding, dilation, activation)
 
         restore.append((generated, "_validate", validate))
+        restore.append((generated, "_FAST", generated._FAST))
         generated._validate = checked
+        generated._FAST = False
     if conv1d:
         conv = F.conv1d
 

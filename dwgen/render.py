@@ -86,18 +86,19 @@ def _dtype_context(d: DType) -> dict:
 
 def render_variant(v: Variant) -> str:
     """CUDA source of one variant (kernel and its host launch function); refuses any invalid variant."""
-    bad = violations(v.problem, v.config)
+    bad = violations(v.problem, v.config, v.direction)
     if bad:
         raise RenderError(f"{v.name} breaks {', '.join(bad)}")
     d = DTYPES[v.problem.dtype]
+    family_ctx = _validated(v.family.module.render_context(v.problem, v.config))
     ctx = {
-        **_validated(v.family.module.render_context(v.problem, v.config)),
+        **family_ctx,
         **_dtype_context(d),
         "template": v.family.template,
         "name": _identifier(v.name),
         "digest": v.digest,
-        "vec_type": d.vector_type(v.config.vec),
-        "launch_params": contract.cpp_params(),
+        "vec_type": d.vector_type(family_ctx["vec"]),
+        "launch_params": contract.cpp_params(v.family.direction),
     }
     return _ENV.get_template(v.family.template).render(**ctx)
 
@@ -158,10 +159,13 @@ def render_launcher(ctx: dict, digest: str) -> str:
     for k in ctx["kernels"]:
         _identifier(k["name"])
         _cpp_int(k["index"])
-    for name in ctx["any_names"].values():
+        if k["direction"] not in ("fwd", "bwd"):
+            raise RenderError(f"{k['direction']!r} is not a direction")
+    for name in [*ctx["any_names"].values(), *ctx["bwd_any_names"].values()]:
         _identifier(name)
     scalar_types = {name: d.aten_scalar for name, d in DTYPES.items()}
     return _ENV.get_template(ctx["template"]).render(**ctx, digest=digest, launch_types=contract.cpp_types(),
+                                                     bwd_launch_types=contract.cpp_types("bwd"),
                                                      scalar_types=scalar_types)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc
+from dwgen.families import bcl, blc, bwd
 from dwgen.problem import Problem, ProblemError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -32,7 +32,7 @@ class Family:
     """One kind of kernel, as data: what the search, the freeze and the frozen dispatch iterate over."""
 
     name: str  # first token of its variants' names
-    direction: str  # fwd (the backward families come next)
+    direction: str  # fwd, or bwd (grad_x, grad_weight and grad_bias together)
     layout: str  # memory order of x and y it reads and writes
     module: ModuleType  # axes, restrictions, geometry, tokens and render context of the family
 
@@ -56,7 +56,10 @@ class Family:
 FAMILIES: dict[tuple[str, str], Family] = {
     ("fwd", "bcl"): Family("dw1d", "fwd", "bcl", bcl),
     ("fwd", "blc"): Family("dw1d", "fwd", "blc", blc),
+    ("bwd", "bcl"): Family("dw1d_bwd", "bwd", "bcl", bwd),
+    ("bwd", "blc"): Family("dw1d_bwd", "bwd", "blc", bwd),
 }
+DIRECTIONS = ("fwd", "bwd")
 
 
 def family_of(p: Problem, direction: str = "fwd") -> Family:
@@ -69,9 +72,9 @@ def signature(p: Problem) -> dict:
             "layout": p.layout}
 
 
-def signature_tokens(p: Problem) -> list[str]:
-    """The first tokens of a variant's name: what it is specialised to (dw1d_f32_k7[_s2][_d2])."""
-    parts = [family_of(p).name, DTYPES[p.dtype].token, f"k{p.kernel_size}"]
+def signature_tokens(p: Problem, direction: str = "fwd") -> list[str]:
+    """The first tokens of a variant's name: what it is specialised to (dw1d[_bwd]_f32_k7[_s2][_d2])."""
+    parts = [family_of(p, direction).name, DTYPES[p.dtype].token, f"k{p.kernel_size}"]
     if p.stride != 1:
         parts.append(f"s{p.stride}")
     if p.dilation != 1:
@@ -88,10 +91,11 @@ class Variant:
 
     problem: Problem
     config: object
+    direction: str = "fwd"
 
     @property
     def family(self) -> Family:
-        return family_of(self.problem)
+        return family_of(self.problem, self.direction)
 
     @property
     def tiling(self):
@@ -113,12 +117,13 @@ class Variant:
     @property
     def name(self) -> str:
         """Short tokens in a fixed order; booleans and defaults appear as a token or not at all."""
-        return "_".join(signature_tokens(self.problem) + self.family.module.name_tokens(self.config))
+        return "_".join(signature_tokens(self.problem, self.direction) + self.family.module.name_tokens(self.config))
 
     @property
     def digest(self) -> str:
         return content_digest(
-            {"config": self.config.to_dict(), "signature": signature(self.problem), "flags": list(NVCC_FLAGS)},
+            {"config": self.config.to_dict(), "signature": signature(self.problem), "flags": list(NVCC_FLAGS),
+             **({"direction": self.direction} if self.direction != "fwd" else {})},
             (self.family.template, COMMON_TEMPLATE),
         )
 
@@ -137,12 +142,12 @@ class Variant:
         return out
 
     def to_dict(self) -> dict:
-        return {"problem": self.problem.to_dict(), "config": self.config.to_dict()}
+        return {"problem": self.problem.to_dict(), "config": self.config.to_dict(), "direction": self.direction}
 
 
-def make_config(p: Problem, params: dict):
+def make_config(p: Problem, params: dict, direction: str = "fwd"):
     """The config of p's family with these axis values (ValueError when one is off its axis)."""
-    return family_of(p).config_type(**params)
+    return family_of(p, direction).config_type(**params)
 
 
 def config_from_name(name: str, problem: Problem):
@@ -169,9 +174,9 @@ def content_digest(payload: dict, templates: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-def violations(p: Problem, c) -> list[str]:
+def violations(p: Problem, c, direction: str = "fwd") -> list[str]:
     """Names of the restrictions (p, c) breaks; empty when the variant is valid."""
-    return [r.__name__ for r in family_of(p).restrictions if not r(p, c)]
+    return [r.__name__ for r in family_of(p, direction).restrictions if not r(p, c)]
 
 
 def all_configs(family: Family):
@@ -204,7 +209,9 @@ def generic_variants(chosen: dict[str, dict] | None = None) -> list[Variant]:
     """The fast generic kernels, one per (dtype, layout, K); `chosen` maps a signature key to measured params."""
     chosen = chosen or {}
     out = []
-    for (_, layout), fam in FAMILIES.items():
+    for (direction, layout), fam in FAMILIES.items():
+        if direction != "fwd":
+            continue
         for dtype in DTYPES:
             for k in GENERIC_KERNEL_SIZES:
                 p = generic_problem(k, dtype, layout)
@@ -213,6 +220,18 @@ def generic_variants(chosen: dict[str, dict] | None = None) -> list[Variant]:
                 if violations(p, config):
                     raise ValueError(f"generic kernel {Variant(p, config).name} breaks {violations(p, config)}")
                 out.append(Variant(p, config))
+    return out
+
+
+def generic_bwd_variants() -> list[Variant]:
+    """The fused backward kernels for problems nobody tuned: one per (dtype, layout, K), stride 1, dilation 1."""
+    out = []
+    for layout in ("bcl", "blc"):
+        for dtype in DTYPES:
+            for k in GENERIC_KERNEL_SIZES:
+                p = generic_problem(k, dtype, layout)
+                fam = family_of(p, "bwd")
+                out.append(Variant(p, fam.module.generic_config(p), "bwd"))
     return out
 
 

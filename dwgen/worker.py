@@ -33,7 +33,7 @@ class Launcher:
 
     def prepare(self, q: Problem, x, w, b, y):
         """One launch on problem q's tensors, through the variant's own launch function: call it to launch."""
-        return self.lib.prepare(x, w, b, y, q.batch, q.channels, q.length, q.out_length, q.padding)
+        return self.lib.prepare(x, w, b, y, q.batch, q.channels, q.length, q.out_length, q.padding, 0)
 
     def unload(self) -> None:
         self.lib.unload()

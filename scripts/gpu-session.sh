@@ -12,6 +12,9 @@
 #   gputests  only the GPU tests and the frozen-module tests
 #   frozentests  the frozen module's tests alone (random problems, edge inputs, memcheck)
 #   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant)
+#   build   the first build of generated/, timed
+#   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
+#   some    python -m pytest on TEST_FILES
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -38,6 +41,9 @@ for step in "$@"; do
     gputests) timed gputests python3 -m pytest -q tests/gpu tests/test_generated.py ;;
     frozentests) timed frozentests python3 -m pytest -q -rs tests/gpu/test_generated_gpu.py tests/test_generated.py ;;
     kerneltests) timed kerneltests python3 -m pytest -q -rs tests/gpu/test_variants_gpu.py tests/gpu/test_crash_gpu.py ;;
+    build) timed build python3 -c "import time, generated; t = time.time(); generated.build(); print(f'built in {time.time() - t:.0f} s')" ;;
+    probe) timed probe python3 scripts/probe-train.py ;;
+    some) timed some python3 -m pytest -q -rs ${TEST_FILES:-tests/gpu} ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   tar czf "$OUT/results.tgz" generated benchmarks 2>/dev/null  # after every step: a later time-out loses only that step

@@ -1,0 +1,155 @@
+"""The fused backward family at stride 1, both layouts: grad_x and per-tile grad_weight/grad_bias partials
+from one shared-memory tile of x and grad_out, then a fixed-order sum of the partials (deterministic)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dwgen.dtypes import DTYPES
+from dwgen.families import AxisConfig
+from dwgen.problem import Problem
+
+TEMPLATE = "dw1d_bwd.cu.j2"
+
+AXES: dict[str, tuple] = {
+    "threads": (128, 256, 512),
+    "outs": (2, 4, 8, 16, 32),  # positions per thread along the length
+    "tc": (1, 16, 32, 64),  # channels per block: 1 over (B, C, L) memory, a channel tile over (B, L, C)
+}
+
+STATIC_SMEM_BYTES = 48 * 1024  # the kernel's windows are static shared arrays
+
+
+@dataclass(frozen=True)
+class Config(AxisConfig):
+    threads: int = 256
+    outs: int = 8
+    tc: int = 1
+
+    AXES = AXES
+
+
+@dataclass(frozen=True)
+class Tiling:
+    problem: Problem
+    config: Config
+
+    @property
+    def vec(self) -> int:
+        """Elements per global vector access (16 bytes); over (B, L, C) at most the channel tile."""
+        d = DTYPES[self.problem.dtype]
+        return d.max_vec if self.problem.layout == "bcl" else min(d.max_vec, self.config.tc)
+
+    @property
+    def halo(self) -> int:
+        return (self.problem.kernel_size - 1) * self.problem.dilation
+
+    @property
+    def tile_length(self) -> int:
+        return self.config.threads // self.config.tc * self.config.outs
+
+    @property
+    def slack(self) -> int:
+        return 2 * self.vec if self.problem.layout == "bcl" else 0
+
+    @property
+    def smem_bytes(self) -> int:
+        c, h = self.config, self.halo
+        windows = (self.tile_length + 2 * h + self.slack + self.tile_length + h + self.slack) * c.tc
+        return 4 * (windows + c.threads // 32 * (self.problem.kernel_size + 1) * 32)
+
+
+def stride_one(p: Problem, c: Config) -> bool:
+    """grad_x as a correlation with the taps reversed holds at stride 1; other strides run the generic backward."""
+    return p.stride == 1
+
+
+def tile_matches_layout(p: Problem, c: Config) -> bool:
+    return (c.tc == 1) if p.layout == "bcl" else (c.tc >= 16)
+
+
+def whole_warps_per_channel_tile(p: Problem, c: Config) -> bool:
+    return c.threads % c.tc == 0 and c.threads // c.tc >= 1
+
+
+def channels_whole_vectors(p: Problem, c: Config) -> bool:
+    return p.layout == "bcl" or p.channels % Tiling(p, c).vec == 0
+
+
+def fits_static_smem(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).smem_bytes <= STATIC_SMEM_BYTES
+
+
+def tile_fits_length(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).tile_length <= max(p.length, 256)
+
+
+RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
+    stride_one,
+    tile_matches_layout,
+    whole_warps_per_channel_tile,
+    channels_whole_vectors,
+    fits_static_smem,
+    tile_fits_length,
+)
+
+
+def name_tokens(c: Config) -> list[str]:
+    parts = [f"t{c.threads}", f"o{c.outs}"]
+    if c.tc != 1:
+        parts.append(f"c{c.tc}")
+    return parts
+
+
+def config_from_tokens(tokens: list[str], name: str) -> Config:
+    fields: dict = {}
+    for tok in tokens:
+        if tok[:1] in "toc" and tok[1:].isdigit():
+            fields[{"t": "threads", "o": "outs", "c": "tc"}[tok[0]]] = int(tok[1:])
+        else:
+            raise ValueError(f"{name}: unknown token {tok!r}")
+    return Config(**fields)
+
+
+def render_context(p: Problem, c: Config) -> dict:
+    t = Tiling(p, c)
+    return {
+        "threads": c.threads, "outs": c.outs, "tile_channels": c.tc, "vec": t.vec, "slack": t.slack,
+        "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl",
+    }
+
+
+def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
+    """Lengths shorter than the halo or a tile, a tile and one, paddings past the halo, odd channel counts."""
+    t = Tiling(p, c)
+    v = t.vec if p.layout == "blc" else 1
+    tl, h = t.tile_length, t.halo
+    return [(1, v, 1, p.padding, p.bias), (2, 3 * v, p.kernel_size, p.padding, not p.bias),
+            (1, c.tc + v if c.tc > 1 else 3, tl + 1, p.padding, p.bias), (2, 5 * v, 2 * tl - 3, 0, p.bias),
+            (1, 2 * v, tl + 7, h, not p.bias), (1, 2 * v, 3 * tl + 5, h + 3, p.bias),
+            (3, 7 * v, 999, h // 2, p.bias)]
+
+
+def align_bytes(p: Problem, c: Config) -> int:
+    return Tiling(p, c).vec * p.elem_bytes
+
+
+def channel_multiple(p: Problem, c: Config) -> int:
+    return Tiling(p, c).vec if p.layout == "blc" else 1
+
+
+KNOWN_GOOD: tuple[Config, ...] = (
+    Config(threads=256, outs=8, tc=1),
+    Config(threads=256, outs=16, tc=1),
+    Config(threads=256, outs=16, tc=64),
+    Config(threads=256, outs=16, tc=32),
+)
+
+
+def generic_config(p: Problem) -> Config:
+    """A first design per layout, before any measurement: long tiles for (B, C, L), 64-channel tiles for (B, L, C)."""
+    for c in ((Config(256, 8, 1), Config(256, 4, 1), Config(128, 2, 1)) if p.layout == "bcl"
+              else (Config(256, 16, 64), Config(256, 8, 64), Config(256, 8, 32), Config(256, 8, 16))):
+        if all(r(p, c) for r in RESTRICTIONS):
+            return c
+    raise ValueError(f"no backward design fits {p.key}")
