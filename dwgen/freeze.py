@@ -1,4 +1,4 @@
-"""Writing generated/: the winners' sources verbatim, the launcher, the dispatch code and the manifest.
+"""Writing generated/: the winners' sources verbatim, the launcher, the dispatch and layer code, the manifest.
 
 Every file is written to a temporary name and renamed into place, kernel files under content-addressed
 names that never overwrite another's; manifest.json is renamed last and is the commit point, so a crash
@@ -23,6 +23,7 @@ from dwgen.space import (NVCC_FLAGS, Variant, generic_bwd_variants, generic_key,
 SCHEMA = 4  # 4: backward kernels beside the forward ones, the op registered in C++ (3: dtypes and layouts)
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "generated"
 DISPATCH_SOURCE = Path(__file__).resolve().parent / "frozen_dispatch.py"
+LAYERS_SOURCE = Path(__file__).resolve().parent / "frozen_layers.py"  # generated/layers.py: DepthwiseConv1d
 LAUNCH_TEMPLATE = "frozen_launch.cpp.j2"
 
 
@@ -177,6 +178,7 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         path = out_dir / rel
         if not path.exists() or path.read_text() != text:
             atomic_write(path, text)
+    atomic_write(out_dir / "layers.py", LAYERS_SOURCE.read_text())  # before __init__.py, which imports it
     atomic_write(out_dir / "__init__.py", DISPATCH_SOURCE.read_text())
     atomic_write(out_dir / ".gitattributes", "* linguist-generated=true\n")
     atomic_write(out_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -225,7 +227,7 @@ def _collect_garbage(out_dir: Path, manifest: dict) -> None:
 
 def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
     """What no longer matches the current templates, flags and dispatch code: entry keys, kernel names,
-    'generic', 'launcher', 'dispatch', and 'sha256 <file>' for a file whose recorded digest it misses
+    'generic', 'launcher', 'dispatch', 'layers', and 'sha256 <file>' for a file whose recorded digest it misses
     (the frozen module would refuse that file)."""
     m = read_manifest(out_dir)
     if not m:
@@ -256,6 +258,8 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         stale.append("launcher")
     if (out_dir / "__init__.py").read_text() != DISPATCH_SOURCE.read_text():
         stale.append("dispatch")
+    if not (out_dir / "layers.py").exists() or (out_dir / "layers.py").read_text() != LAYERS_SOURCE.read_text():
+        stale.append("layers")
     recorded = [(k["file"], k.get("sha256")) for k in m["kernels"]]
     recorded += [(r["file"], r.get("sha256")) for r in m["generic"]["scalar"].values()]
     recorded += [(r["file"], r.get("sha256")) for r in m["generic"].get("scalar_bwd", {}).values()]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 
@@ -47,9 +48,13 @@ def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
                                                   for lay in ("bcl", "blc") for k in range(1, 10))
     assert all(name in kernels for name in m["generic"]["fast"].values())
     assert json.loads((tmp_path / "manifest.json").read_text()) == m
+    assert (tmp_path / "__init__.py").read_text() == freeze.DISPATCH_SOURCE.read_text()
+    assert (tmp_path / "layers.py").read_text() == freeze.LAYERS_SOURCE.read_text()
     assert freeze.stale_entries(tmp_path) == []
     mod = load_frozen(tmp_path, "frozen_a")
     assert mod.MANIFEST == m and callable(mod.depthwise_conv1d)
+    layers = importlib.import_module("frozen_a.layers")  # the layer calls its own package's op
+    assert layers._functional() is mod.depthwise_conv1d
 
 
 def test_freeze_merges_and_sorts_by_problem(tmp_path):
@@ -109,14 +114,18 @@ def test_stale_entry_detected_when_template_changes(tmp_path, monkeypatch):
     assert dropped and "re-tune" in dropped[0]
 
 
-def test_edited_launcher_or_dispatch_is_stale(tmp_path):
+def test_edited_launcher_dispatch_or_layers_is_stale(tmp_path):
     m = freeze.freeze([winner(Problem(32, 512, 8192), Config())], tmp_path)
     assert freeze.stale_entries(tmp_path) == []
     launcher = tmp_path / m["launcher"]
     launcher.write_text(launcher.read_text() + "// hand edit\n")
     init = tmp_path / "__init__.py"
     init.write_text(init.read_text() + "# hand edit\n")
-    assert {"launcher", "dispatch"} <= set(freeze.stale_entries(tmp_path))
+    layers = tmp_path / "layers.py"
+    layers.write_text(layers.read_text() + "# hand edit\n")
+    assert {"launcher", "dispatch", "layers"} <= set(freeze.stale_entries(tmp_path))
+    layers.unlink()
+    assert "layers" in freeze.stale_entries(tmp_path)
 
 
 @pytest.mark.slow
