@@ -487,3 +487,7 @@ def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             raise
         _validate(x, weight, bias, stride, padding, dilation)  # say what is wrong in one line
         raise
+
+
+if __name__ != "dwgen.frozen_dispatch":  # as generated/__init__.py; the layer is generated/layers.py beside it
+    from .layers import DepthwiseConv1d, swap_conv1d  # noqa: E402,F401  (it calls depthwise_conv1d above)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-SCHEMA = 3  # dwgen.freeze.SCHEMA, repeated because this module imports only torch (a test checks they agree)
+SCHEMA = 4  # dwgen.freeze.SCHEMA, repeated because this module imports only torch (a test checks they agree)
 _HERE = Path(__file__).resolve().parent
 _KEY_FIELDS = ("batch", "channels", "length", "kernel_size", "stride", "padding", "dilation", "dtype", "bias",
                "layout")
@@ -33,8 +33,11 @@ _KERNEL_FILE = re.compile(r"kernels/[a-z0-9_]{1,128}-[0-9a-f]{12}\.cu")
 _LAUNCH_FILE = re.compile(r"launch-[0-9a-f]{12}\.cpp")
 _FLAG = re.compile(r"-{1,2}[A-Za-z0-9_][A-Za-z0-9_=.+-]{0,63}")
 _CAPABILITY = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
-_TABLE_ROW = re.compile(r"^ {4}dwgen_launch_([a-z0-9_]+),  // ([0-9]+)$", re.M)
+_TABLE_ROW = re.compile(r"^ {4}ENTRY_(?:FWD|BWD)\(([a-z0-9_]+)\),  // ([0-9]+)$", re.M)
 _DECLARATION = re.compile(r"^int dwgen_launch_([a-z0-9_]+)\(([^()\n]*)\);$", re.M)
+_WORKSPACE = re.compile(r"^long long dwgen_workspace_([a-z0-9_]+)\(([^()\n]*)\);$", re.M)
+_FAST_KEY = re.compile(r"(fp32|fp16|bf16)_(bcl|blc)_k([1-9])")
+_DIRECTIONS = ("fwd", "bwd")
 
 
 class ManifestError(ValueError):
@@ -72,13 +75,16 @@ def check_manifest(m) -> None:
             and isinstance(m.get("launcher_sha256"), str) and _HEX64.fullmatch(m["launcher_sha256"])):
         raise ManifestError("has no valid launcher file name and sha256")
     generic = m.get("generic")
-    scalar = generic.get("scalar") if isinstance(generic, dict) else None
-    if not isinstance(scalar, dict) or sorted(scalar) != sorted(_DTYPES.values()) or not all(
-            _file_record(r, _KERNEL_FILE) for r in scalar.values()):
-        raise ManifestError("has no valid generic scalar kernel records for fp32, fp16 and bf16")
-    fast = generic.get("fast")
-    if not isinstance(fast, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in fast.items()):
-        raise ManifestError("has a generic 'fast' table that is not a map of names")
+    for part in ("scalar", "scalar_bwd"):
+        scalar = generic.get(part) if isinstance(generic, dict) else None
+        if not isinstance(scalar, dict) or sorted(scalar) != sorted(_DTYPES.values()) or not all(
+                _file_record(r, _KERNEL_FILE) for r in scalar.values()):
+            raise ManifestError(f"has no valid generic {part} kernel records for fp32, fp16 and bf16")
+    for part in ("fast", "fast_bwd"):
+        fast = generic.get(part)
+        if not isinstance(fast, dict) or not all(isinstance(k, str) and _FAST_KEY.fullmatch(k) and isinstance(v, str)
+                                                 for k, v in fast.items()):
+            raise ManifestError(f"has a generic {part!r} table that is not a map of names")
     if not isinstance(m.get("kernels"), list) or not isinstance(m.get("entries"), list):
         raise ManifestError("has no kernels or entries list")
 
@@ -88,8 +94,10 @@ def _kernel_problem(k) -> str | None:
     if not _file_record(k, _KERNEL_FILE):
         return "its name, file or sha256 is not plain"
     if not (_is_int(k.get("align_bytes"), 1) and k["align_bytes"] <= 16 and _is_int(k.get("channel_multiple"), 1)
-            and type(k.get("peels_misalignment")) is bool):
+            and k["channel_multiple"] <= 64 and type(k.get("peels_misalignment")) is bool):
         return "align_bytes, channel_multiple or peels_misalignment has the wrong type or range"
+    if k.get("direction") not in _DIRECTIONS:
+        return "its direction is not fwd or bwd"
     return None
 
 
@@ -122,6 +130,7 @@ class Tables:
     kernels: dict = field(default_factory=dict)  # name -> (index in the launcher, kernel record)
     tuned: dict = field(default_factory=dict)  # problem key -> kernel name
     fast: dict = field(default_factory=dict)  # dtype_layout_kK -> kernel name
+    fast_bwd: dict = field(default_factory=dict)  # the same, for the backward
     dropped: list = field(default_factory=list)  # names of kernels that are not built: a stub stands in
     warnings: list = field(default_factory=list)
 
@@ -158,6 +167,8 @@ def _trusted(m: dict, here: Path, capability: str | None) -> Tables:
         why = _entry_problem(e)
         if why is None and e["kernel"] not in t.kernels:
             continue  # its kernel was refused above, with a warning
+        if why is None and t.kernels[e["kernel"]][1]["direction"] != "fwd":
+            why = "its kernel is not a forward kernel"
         if why is None and capability is not None and e["machine"]["capability"] != capability:
             foreign.add(e["machine"]["capability"])
             continue
@@ -170,7 +181,10 @@ def _trusted(m: dict, here: Path, capability: str | None) -> Tables:
         t.warnings.append(f"dwgen: generated/ was tuned on GPU architecture {', '.join(sorted(foreign))}, this GPU "
                           f"is {capability}: those entries fall back to the generic kernels; re-tune here with "
                           "`python tune.py`")
-    t.fast = {key: name for key, name in m["generic"]["fast"].items() if name in t.kernels}
+    t.fast = {key: name for key, name in m["generic"]["fast"].items()
+              if name in t.kernels and t.kernels[name][1]["direction"] == "fwd"}
+    t.fast_bwd = {key: name for key, name in m["generic"]["fast_bwd"].items()
+                  if name in t.kernels and t.kernels[name][1]["direction"] == "bwd"}
     return t
 
 
@@ -232,11 +246,14 @@ def _verified(rel: str, sha256: str) -> str:
 def _stub(launcher: str, dropped: list[str]) -> str:
     """C++ defining the launch functions of refused kernels, so the launcher links; nothing calls them."""
     _, declared = _launcher_table(launcher)
+    workspaces = dict(_WORKSPACE.findall(launcher))
     lines = ['// dwgen: stand-ins for kernels refused by the manifest check; never called', 'extern "C" {']
     for name in dropped:
         if _NAME.fullmatch(name) is None or name not in declared:
             raise RuntimeError(f"dwgen: the launcher declares no kernel {name!r}; re-run the freeze")
         lines.append(f"int dwgen_launch_{name}({declared[name]}) {{ return 98; }}  // cudaErrorInvalidDeviceFunction")
+        if name in workspaces:
+            lines.append(f"long long dwgen_workspace_{name}({workspaces[name]}) {{ return 0; }}")
     return "\n".join([*lines, "}", ""])
 
 
@@ -245,7 +262,8 @@ def _sources(t: Tables) -> list[str]:
     any refused kernel."""
     m = MANIFEST
     files = [str(_HERE / k["file"]) for _, k in sorted(t.kernels.values(), key=lambda ik: ik[0])]
-    files += [_verified(r["file"], r["sha256"]) for r in m["generic"]["scalar"].values()]
+    files += [_verified(r["file"], r["sha256"]) for part in ("scalar", "scalar_bwd")
+              for r in m["generic"][part].values()]
     launcher = _verified(m["launcher"], m["launcher_sha256"])
     files.append(launcher)
     if t.dropped:
@@ -288,7 +306,7 @@ def build(verbose: bool = False):
             cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
             os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}"
         try:
-            _ext = load(
+            ext = load(
                 name=extension_name(sources),
                 sources=sources,
                 extra_cuda_cflags=list(MANIFEST["nvcc_flags"]),  # checked plain by check_manifest
@@ -298,27 +316,86 @@ def build(verbose: bool = False):
         finally:
             if arch_before is None:
                 del os.environ["TORCH_CUDA_ARCH_LIST"]
+        for device in range(torch.cuda.device_count()):
+            ext.install(device, *_table_rows(tables(device)))
+        _register_fakes()
+        _ext = ext
         return _ext
 
 
-def _layout(x: torch.Tensor) -> str | None:
-    """bcl when x is (B, C, L) contiguous, blc when it is a (B, L, C) tensor viewed as (B, C, L), else None."""
-    if x.is_contiguous():
-        return "bcl"
-    if x.transpose(1, 2).is_contiguous():
-        return "blc"
-    return None
+_DTYPE_INDEX = {"fp32": 0, "fp16": 1, "bf16": 2}
+_LAYOUT_INDEX = {"bcl": 0, "blc": 1}
 
 
-def _validate(x, weight, bias, stride, padding, dilation) -> int:
-    """The output length, or one line saying what is wrong (the device is checked last, so every other
-    mistake reads the same whether or not the tensors are on the GPU)."""
+def _choice_row(t: Tables, name: str) -> list[int]:
+    index, k = t.kernels[name]
+    return [index, k["align_bytes"], k["channel_multiple"], int(k["peels_misalignment"])]
+
+
+def _table_rows(t: Tables) -> tuple[list[list[int]], list[list[int]]]:
+    """The trusted tables as the C++ dispatcher takes them (dtype and layout numbered)."""
+    tuned = []
+    for key, name in t.tuned.items():
+        f = dict(zip(_KEY_FIELDS, key, strict=True))
+        tuned.append([f["batch"], f["channels"], f["length"], f["kernel_size"], f["stride"], f["padding"],
+                      f["dilation"], _DTYPE_INDEX[f["dtype"]], int(f["bias"]), _LAYOUT_INDEX[f["layout"]],
+                      *_choice_row(t, name)])
+    fast = []
+    for direction, table in ((0, t.fast), (1, t.fast_bwd)):
+        for key, name in table.items():
+            dtype, layout, k = _FAST_KEY.fullmatch(key).groups()
+            fast.append([direction, _DTYPE_INDEX[dtype], _LAYOUT_INDEX[layout], int(k), *_choice_row(t, name)])
+    return tuned, fast
+
+
+def _output_layout(x) -> str:
+    """The memory order of the result, as the C++ side picks it: (B, L, C) only for a (B, L, C) x."""
+    return "blc" if not x.is_contiguous() and x.transpose(1, 2).is_contiguous() else "bcl"
+
+
+def _register_fakes() -> None:
+    """Shapes and strides of both ops for tracing (torch.compile, opcheck), symbolic sizes included."""
+
+    def empty(x, length):
+        b, c = x.shape[0], x.shape[1]
+        if _output_layout(x) == "blc":
+            return x.new_empty((b, length, c)).transpose(1, 2)
+        return x.new_empty((b, c, length))
+
+    @torch.library.register_fake("dwgen::depthwise_conv1d")
+    def _(x, weight, bias, stride, pad_left, pad_right, dilation, activation):
+        k = weight.shape[2]
+        return empty(x, (x.shape[2] + pad_left + pad_right - dilation * (k - 1) - 1) // stride + 1)
+
+    @torch.library.register_fake("dwgen::depthwise_conv1d_backward")
+    def _(grad_out, x, weight, bias, stride, pad_left, pad_right, dilation, activation):
+        return empty(x, x.shape[2]), weight.new_empty(weight.shape), weight.new_empty((weight.shape[0],))
+
+
+_ACTIVATIONS = {None: 0, "silu": 1}
+
+
+def _paddings(padding, k: int, stride: int, dilation: int) -> tuple[int, int]:
+    """Left and right padding of an int, "same" or "causal"."""
+    if padding == "causal":
+        return dilation * (k - 1), 0
+    if padding == "valid":
+        return 0, 0
+    if padding == "same":
+        if stride != 1:
+            raise ValueError("dwgen: padding='same' needs stride 1 (as in PyTorch); give the padding as an int")
+        total = dilation * (k - 1)
+        return total // 2, total - total // 2
+    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+        raise ValueError(f"dwgen: padding must be an int >= 0, 'same', 'valid' or 'causal', got {padding!r}")
+    return padding, padding
+
+
+def _validate(x, weight, bias, stride, padding, dilation, activation=None) -> tuple[int, int, int]:
+    """(left padding, right padding, output length), or one line saying what is wrong (the device is
+    checked last, so every other mistake reads the same whether or not the tensors are on the GPU)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError("dwgen: x must be a (batch, channels, length) tensor")
-    # No backward yet: a result cut off from autograd would train silently wrong, so refuse instead.
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, weight, bias)):
-        raise RuntimeError("dwgen: depthwise_conv1d has no backward yet and would return a detached result; "
-                           "call it under torch.no_grad() or use F.conv1d where gradients are needed")
     if x.dtype not in _DTYPES:
         raise TypeError(f"dwgen: x must be float32, float16 or bfloat16, got {x.dtype}")
     channels = x.shape[1]
@@ -332,83 +409,85 @@ def _validate(x, weight, bias, stride, padding, dilation) -> int:
     for t in (weight, bias):
         if t is not None and (t.device != x.device or t.dtype != x.dtype):
             raise ValueError(f"dwgen: weight and bias must be {x.dtype} on {x.device}, like x")
-    for name, v, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
+    for name, v, low in (("stride", stride, 1), ("dilation", dilation, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"dwgen: {name} must be an int >= {low}, got {v!r}")
+    if not isinstance(activation, (str, type(None))) or activation not in _ACTIVATIONS:
+        raise ValueError(f"dwgen: activation must be None or 'silu', got {activation!r}")
     k = weight.shape[2]
-    out_length = (x.shape[2] + 2 * padding - dilation * (k - 1) - 1) // stride + 1
-    if out_length < 1:
+    left, right = _paddings(padding, k, stride, dilation)
+    span = x.shape[2] + left + right - dilation * (k - 1) - 1
+    if span < 0:
         raise ValueError(f"dwgen: no output for length {x.shape[2]}, kernel {k}, padding {padding}, "
                          f"dilation {dilation}; raise padding or the length")
     if not x.is_cuda:
         raise ValueError("dwgen: x must be on a CUDA device; move it with x.cuda()")
-    return out_length
+    return left, right, span // stride + 1
 
 
-def _choose(x, layout, k: int, has_bias: bool, stride: int, padding: int, dilation: int, out_length: int):
-    """The specialised kernel for this call, or None for the generic path that handles everything."""
-    if layout is None:
-        return None
-    dtype = _DTYPES[x.dtype]
-    t = tables(x.device.index)
-    name = t.tuned.get((*x.shape, k, stride, padding, dilation, dtype, has_bias, layout))
-    if name is None and stride == 1 and dilation == 1:
-        name = t.fast.get(f"{dtype}_{layout}_k{k}")
-    if name is None or max(x.numel(), x.shape[0] * x.shape[1] * out_length) >= _INT32_LIMIT:
-        return None
-    index, kernel = t.kernels[name]
-    if x.shape[1] % kernel["channel_multiple"] != 0:
-        return None
-    # A (B, C, L) kernel reads from the vector boundary before a misaligned view (x[..., 1:]); a (B, L, C)
-    # one needs x on a vector boundary.
-    align = x.element_size() if kernel["peels_misalignment"] else kernel["align_bytes"]
-    if x.data_ptr() % align != 0:
-        return None
-    return index, name
-
-
-def _empty_output(x: torch.Tensor, layout: str | None, out_length: int) -> torch.Tensor:
-    """The result in x's memory order: a (B, L, C) input gets a (B, L, C) output, viewed as (B, C, L)."""
-    batch, channels, _ = x.shape
-    if layout == "blc":
-        return torch.empty((batch, out_length, channels), device=x.device, dtype=x.dtype).transpose(1, 2)
-    return torch.empty((batch, channels, out_length), device=x.device, dtype=x.dtype)
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """t itself when it starts on a 16-byte boundary (kernels read weights and bias as vectors), else a copy."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
-def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1) -> str:
-    """Name of the kernel depthwise_conv1d would run for these arguments."""
-    out_length = _validate(x, weight, bias, stride, padding, dilation)
+def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction="fwd") -> str:
+    """Name of the kernel depthwise_conv1d would run for these arguments (its backward, for direction bwd);
+    the same choice as the C++ dispatcher makes."""
+    left, right, out_length = _validate(x, weight, bias, stride, padding, dilation)
     if _BROKEN:
         raise RuntimeError(_BROKEN)
-    chosen = _choose(x, _layout(x), weight.shape[2], bias is not None, stride, padding, dilation, out_length)
-    return chosen[1] if chosen else MANIFEST["generic"]["scalar"][_DTYPES[x.dtype]]["name"]
+    t = tables(x.device.index)
+    dtype, k = _DTYPES[x.dtype], weight.shape[2]
+    layout = "bcl" if x.is_contiguous() else "blc" if x.transpose(1, 2).is_contiguous() else None
+    generic = MANIFEST["generic"]["scalar" if direction == "fwd" else "scalar_bwd"][dtype]["name"]
+    if layout is None:
+        return generic
+    name = None
+    if direction == "fwd" and left == right:
+        name = t.tuned.get((*x.shape, k, stride, left, dilation, dtype, bias is not None, layout))
+    if name is None and stride == 1 and dilation == 1:
+        name = (t.fast if direction == "fwd" else t.fast_bwd).get(f"{dtype}_{layout}_k{k}")
+    if name is None or x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:
+        return generic
+    kernel = t.kernels[name][1]
+    align = x.element_size() if kernel["peels_misalignment"] else kernel["align_bytes"]
+    if x.shape[1] % kernel["channel_multiple"] != 0 or x.data_ptr() % align != 0:
+        return generic
+    return name
+
+
+_OP = None  # torch.ops.dwgen.depthwise_conv1d.default, once the extension is loaded
+_FAST = True  # off while dwgen.record listens: every call then takes the checked path
+
+
+def _call_checked(x, weight, bias, stride, padding, dilation, activation):
+    """The slow path: every argument checked here first (one clear line for any mistake), then the op."""
+    global _OP
+    left, right, _ = _validate(x, weight, bias, stride, padding, dilation, activation)
+    if _BROKEN:
+        raise RuntimeError(_BROKEN)
+    if _OP is None:
+        build()
+        _OP = torch.ops.dwgen.depthwise_conv1d.default
+    return _OP(x, weight, bias, stride, left, right, dilation, _ACTIVATIONS[activation])
 
 
 def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                     stride: int = 1, padding: int = 0, dilation: int = 1) -> torch.Tensor:
-    """F.conv1d(x, weight, bias, stride, padding, dilation, groups=channels), on dwgen's kernels.
+                     stride: int = 1, padding: int | str = 0, dilation: int = 1,
+                     activation: str | None = None) -> torch.Tensor:
+    """F.conv1d(x, weight, bias, stride, padding, dilation, groups=channels), on dwgen's kernels, with
+    autograd. padding is an int, "same", "valid" or "causal" (dilation * (K - 1) on the left only: output length L,
+    nothing computed past it); activation "silu" applies SiLU to the result, fused into the kernels.
 
-    x may be (B, C, L) contiguous or a (B, L, C) tensor viewed as (B, C, L); the result has x's memory order.
-    Any other strides are read as they are by the generic kernel, which writes a (B, C, L) result."""
-    out_length = _validate(x, weight, bias, stride, padding, dilation)
-    if _BROKEN:
-        raise RuntimeError(_BROKEN)
-    layout = _layout(x)
-    y = _empty_output(x, layout, out_length)
-    if y.numel() == 0:
-        return y
-    k = weight.shape[2]
-    chosen = _choose(x, layout, k, bias is not None, stride, padding, dilation, out_length)
-    weight = _aligned(weight.contiguous())
-    bias = _aligned(bias.contiguous()) if bias is not None else None
-    ext = build()
-    if chosen is not None:  # the launchers set x's device themselves
-        ext.launch(chosen[0], x, weight, bias, y, padding)
-    else:
-        ext.launch_any(x, weight, bias, y, k, stride, padding, dilation)
-    return y
+    x may be (B, C, L) contiguous or a (B, L, C) tensor viewed as (B, C, L); the result (and grad_x) has
+    x's memory order. Any other strides are read as they are by the generic kernels, which write (B, C, L).
+    """
+    op = _OP if _FAST else None
+    if op is None or type(padding) is not int or activation is not None:
+        return _call_checked(x, weight, bias, stride, padding, dilation, activation)
+    try:  # the common call goes straight to the C++ op, which checks everything itself
+        return op(x, weight, bias, stride, padding, padding, dilation, 0)
+    except (RuntimeError, TypeError, ValueError) as e:
+        if str(e).startswith("dwgen:"):
+            raise
+        _validate(x, weight, bias, stride, padding, dilation)  # say what is wrong in one line
+        raise
+
+
+if __name__ != "dwgen.frozen_dispatch":  # as generated/__init__.py; the layer is generated/layers.py beside it
+    from .layers import DepthwiseConv1d, swap_conv1d  # noqa: E402,F401  (it calls depthwise_conv1d above)
