@@ -292,6 +292,8 @@ def build(verbose: bool = False):
     if _ext is not None:  # every call comes here: no lock once built
         return _ext
     t = tables()
+    # Every device's tables before the lock: tables() takes it too (the first 2-GPU run deadlocked here).
+    rows = [_table_rows(tables(device)) for device in range(torch.cuda.device_count())]
     with _lock:
         if _ext is not None:
             return _ext
@@ -316,8 +318,8 @@ def build(verbose: bool = False):
         finally:
             if arch_before is None:
                 del os.environ["TORCH_CUDA_ARCH_LIST"]
-        for device in range(torch.cuda.device_count()):
-            ext.install(device, *_table_rows(tables(device)))
+        for device, (tuned, fast) in enumerate(rows):
+            ext.install(device, tuned, fast)
         _register_fakes()
         _ext = ext
         return _ext
