@@ -12,6 +12,7 @@
 #   gputests  only the GPU tests and the frozen-module tests
 #   frozentests  the frozen module's tests alone (random problems, edge inputs, memcheck)
 #   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant)
+#   optests the registered op and its backward alone (opcheck, gradients, compile, graphs, training)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -38,6 +39,7 @@ for step in "$@"; do
     gputests) timed gputests python3 -m pytest -q tests/gpu tests/test_generated.py ;;
     frozentests) timed frozentests python3 -m pytest -q -rs tests/gpu/test_generated_gpu.py tests/test_generated.py ;;
     kerneltests) timed kerneltests python3 -m pytest -q -rs tests/gpu/test_variants_gpu.py tests/gpu/test_crash_gpu.py ;;
+    optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   tar czf "$OUT/results.tgz" generated benchmarks 2>/dev/null  # after every step: a later time-out loses only that step
