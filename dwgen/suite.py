@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from dwgen import cli
@@ -49,8 +50,11 @@ class _LineParser(cli.OneLineParser):
         raise ProblemError(message)
 
 
-def read_suite(path: Path) -> list[Problem]:
-    """Problems of a suite file: one per line in the problem flags above; '#' starts a comment."""
+def read_suite(path: Path, extra: Callable[[argparse.ArgumentParser], object] | None = None,
+               make: Callable[[argparse.Namespace], Problem] = problem_from_args) -> list[Problem]:
+    """Problems of a suite file: one per line in the problem flags above; '#' starts a comment.
+
+    A reader with flags of its own (the benchmark's) adds them with `extra` and builds each line with `make`."""
     if not path.exists():
         raise ProblemError(f"suite file {path} not found")
     try:
@@ -59,13 +63,15 @@ def read_suite(path: Path) -> list[Problem]:
         raise ProblemError(f"cannot read suite file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
     parser = _LineParser(add_help=False)
     add_problem_arguments(parser)
+    if extra is not None:
+        extra(parser)
     problems = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         try:
-            problems.append(problem_from_args(parser.parse_args(shlex.split(line))))
+            problems.append(make(parser.parse_args(shlex.split(line))))
         except (ProblemError, ValueError) as e:  # ValueError: shlex's unclosed quotation
             raise ProblemError(f"{path}:{n}: {e}: {line}") from None
     if not problems:

@@ -15,6 +15,7 @@
 #   build   the first build of generated/, timed
 #   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
 #   some    python -m pytest on TEST_FILES
+#   optests the registered op and its backward alone (opcheck, gradients, compile, graphs, training)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -44,6 +45,7 @@ for step in "$@"; do
     build) timed build python3 -c "import time, generated; t = time.time(); generated.build(); print(f'built in {time.time() - t:.0f} s')" ;;
     probe) timed probe python3 scripts/probe-train.py ;;
     some) timed some python3 -m pytest -q -rs ${TEST_FILES:-tests/gpu} ;;
+    optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   tar czf "$OUT/results.tgz" generated benchmarks 2>/dev/null  # after every step: a later time-out loses only that step

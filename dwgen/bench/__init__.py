@@ -11,6 +11,7 @@ MIN_REPS = 20
 MAX_REPS = 2000
 TARGET_MS = 50.0  # measure for about this long: more repetitions for short kernels (finalists are re-timed)
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the H200's 60 MB L2
+ROUND_BUDGET_MS = 300.0  # interleaved timing of one problem's contenders: about this much GPU time, 30-500 rounds
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,21 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def time_rounds(fns: dict[str, Callable[[], object]], flush: bool) -> tuple[dict[str, Timing], int]:
+    """Every callable timed interleaved, in as many rounds as fit ROUND_BUDGET_MS (30 to 500); and that count."""
+    timer = Timer(flush=flush)
+    est = sum(timer.time(fn, reps=5, warmup=2).median_ms for fn in fns.values())
+    rounds = int(min(500, max(30, ROUND_BUDGET_MS / max(est, 1e-3))))
+    return timer.time_interleaved(fns, rounds), rounds
+
+
+def difference(total: Timing, part: Timing) -> Timing:
+    """Round by round, total's time less part's (both timed interleaved in the same rounds): the backward
+    as (forward+backward) - forward. Its min is that of the differences."""
+    diffs = [t - p for t, p in zip(total.samples, part.samples, strict=True)]
+    return Timing(statistics.median(diffs), min(diffs), len(diffs), tuple(diffs))
 
 
 def ratio_spread(a: Timing, b: Timing) -> tuple[float, float, float]:
@@ -109,6 +125,19 @@ def graphed(fn: Callable[[], object]) -> Callable[[], None]:
         fn()
     torch.cuda.synchronize()
     return graph.replay
+
+
+def timed_form(fn: Callable[[], object], graphs: bool) -> tuple[Callable[[], object], str]:
+    """(what to time, how): the call captured in a CUDA graph when asked and possible, else the plain call."""
+    if not graphs:
+        return fn, "plain"
+    try:
+        return graphed(fn), "graph"
+    except Exception:  # e.g. a call that synchronises; its time then includes its host work
+        import torch
+
+        torch.cuda.synchronize()
+        return fn, "plain (capture failed)"
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int = 100) -> float:

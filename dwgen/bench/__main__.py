@@ -5,6 +5,8 @@ eager, torch.compile, a simple Triton kernel, a naive CUDA kernel and generated.
 checked against the float64 reference, then all timed interleaved. Problems whose data fit in L2 are
 timed as CUDA-graph replays of one call, so that their few microseconds of GPU time are not hidden
 behind the host's; the host time of a plain call is measured apart and reported beside it.
+Suite lines may also ask for causal padding, a fused SiLU and the backward (dwgen/bench/cases.py): those
+are timed by dwgen/bench/training.py, in rows with a direction (fwd, bwd, fwd+bwd).
 Writes results.json, results.md and results.png (the bar chart of dwgen/bench/plot.py).
 """
 from __future__ import annotations
@@ -14,13 +16,13 @@ import sys
 from pathlib import Path
 
 from dwgen import bench, check, cli
-from dwgen.bench.contenders import CONTENDERS
+from dwgen.bench import training
+from dwgen.bench.cases import read_cases
+from dwgen.bench.contenders import CONTENDERS, TRAINING
 from dwgen.bench.labels import problem_label
 from dwgen.problem import Problem, ProblemError
-from dwgen.suite import read_suite
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUND_BUDGET_MS = 300.0
 
 
 def measure(p: Problem, names: list[str]) -> list[dict]:
@@ -32,7 +34,7 @@ def measure(p: Problem, names: list[str]) -> list[dict]:
     copy = bench.copy_operands(p)
     copy_host_us = bench.host_us_per_call(copy)
     fns: dict = {}
-    fns["copy_"], copy_timing = _timed_form(copy, graphs)
+    fns["copy_"], copy_timing = bench.timed_form(copy, graphs)
     rows: dict[str, dict] = {}
     for name in names:
         row = {"implementation": name, "correct": False, "ms": None, "error": ""}
@@ -45,7 +47,7 @@ def measure(p: Problem, names: list[str]) -> list[dict]:
             row["error"] = outcome.message
             row["max_rel_error"] = outcome.max_rel_error
             row["host_us"] = bench.host_us_per_call(fn)
-            fns[name], row["timing"] = _timed_form(fn, graphs)
+            fns[name], row["timing"] = bench.timed_form(fn, graphs)
         except Exception as e:  # a contender that cannot run this problem is reported, not fatal
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if name == "dwgen":
@@ -53,10 +55,7 @@ def measure(p: Problem, names: list[str]) -> list[dict]:
 
             row["kernel"] = generated.kernel_for(x, w, b, p.stride, p.padding, p.dilation)
         rows[name] = row
-    timer = bench.Timer(flush=bench.needs_flush(p))
-    est = sum(timer.time(fn, reps=5, warmup=2).median_ms for fn in fns.values())
-    rounds = int(min(500, max(30, ROUND_BUDGET_MS / max(est, 1e-3))))
-    times = timer.time_interleaved(fns, rounds)
+    times, rounds = bench.time_rounds(fns, flush=bench.needs_flush(p))
     copy_ms = times["copy_"].median_ms
     torch_ms = times["pytorch"].median_ms if "pytorch" in times else None
     out = [{"implementation": "copy_", "ms": copy_ms, "x_copy": 1.0, "correct": True, "rounds": rounds,
@@ -70,22 +69,9 @@ def measure(p: Problem, names: list[str]) -> list[dict]:
         out.append(row)
     base = {"problem": p.key, "shape": f"{p.batch}x{p.channels}x{p.length}", "kernel_size": p.kernel_size,
             "stride": p.stride, "padding": p.padding, "dilation": p.dilation, "bias": p.bias, "dtype": p.dtype,
-            "layout": p.layout}
+            "layout": p.layout, "direction": "fwd"}
     del x, ref, scale
     return [{**base, **r} for r in out]
-
-
-def _timed_form(fn, graphs: bool):
-    """(what to time, how): the call captured in a CUDA graph when asked and possible, else the plain call."""
-    if not graphs:
-        return fn, "plain"
-    try:
-        return bench.graphed(fn), "graph"
-    except Exception:  # e.g. a call that synchronises; its time then includes its host work
-        import torch
-
-        torch.cuda.synchronize()
-        return fn, "plain (capture failed)"
 
 
 def cell(r: dict) -> str:
@@ -107,8 +93,15 @@ def markdown(results: dict) -> str:
              "time; † marks a call that could not be captured. Then PyTorch eager's "
              "time over dwgen's, and the host time of one plain call (µs of CPU to issue it; it is hidden when "
              "the GPU is busy, and it is what a short problem costs outside a graph).", ""]
-    names = ["copy_"] + list(CONTENDERS)
+    if any(r.get("direction", "fwd") != "fwd" for rows in results["suites"].values() for r in rows):
+        lines[0] += (" Rows with a direction time a training step's parts on inputs that require grad: fwd, "
+                     "fwd+bwd (the forward, then the gradients of x, weight and bias) and bwd (fwd+bwd less fwd, "
+                     "round by round; its host µs likewise), each as a multiple of copy_ of the forward's bytes.")
     for suite, rows in results["suites"].items():
+        # The simple Triton and naive CUDA kernels have no backward, causal padding or SiLU: a suite whose
+        # every row needs one of those has no column for them.
+        beyond = all(r.get("backward") or r.get("causal") or r.get("activation") for r in rows)
+        names = ["copy_"] + [n for n in CONTENDERS if not beyond or n in TRAINING]
         header = " | ".join(["problem", *names, "dwgen kernel", "dwgen vs PyTorch", "host µs: PyTorch / dwgen"])
         lines += [f"**{suite}**", "", f"| {header} |",
                   "|---" * (len(names) + 4) + "|"]
@@ -131,7 +124,7 @@ def markdown(results: dict) -> str:
 def main(argv: list[str]) -> int:
     ap = cli.OneLineParser(prog="python -m dwgen.bench", description=__doc__)
     ap.add_argument("--suite", type=Path, action="append",
-                    help="suite file(s); default: benchmarks/suite.txt and benchmarks/untuned.txt")
+                    help="suite file(s); default: benchmarks/suite.txt, untuned.txt and training.txt")
     ap.add_argument("--only", default=None, help="comma-separated contenders (default: all)")
     ap.add_argument("--out", type=cli.directory, default=ROOT / "benchmarks", help="where results.json/.md go")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
@@ -144,8 +137,8 @@ def main(argv: list[str]) -> int:
               f"{', '.join(CONTENDERS)}", file=sys.stderr)
         return 2
     try:
-        suites = {path: read_suite(path)
-                  for path in a.suite or [ROOT / "benchmarks" / "suite.txt", ROOT / "benchmarks" / "untuned.txt"]}
+        suites = {path: read_cases(path) for path in a.suite or [ROOT / "benchmarks" / f"{stem}.txt" for stem in
+                                                                  ("suite", "untuned", "training")]}
     except ProblemError as e:
         print(f"python -m dwgen.bench: {e}", file=sys.stderr)
         return 2
@@ -159,9 +152,9 @@ def main(argv: list[str]) -> int:
     results = {"machine": machine_info(), "suites": {}}
     for path, problems in suites.items():
         rows = []
-        for p in problems:
-            print(f"{p.key} ...", flush=True, file=sys.stderr if a.json else sys.stdout)
-            rows += measure(p, names)
+        for case in problems:
+            print(f"{case.key} ...", flush=True, file=sys.stderr if a.json else sys.stdout)
+            rows += measure(case.problem, names) if case.plain else training.measure(case, names)
         results["suites"][path.stem] = rows
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -4,9 +4,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from dwgen.bench.cases import Case
 from dwgen.problem import Problem
 
 Factory = Callable[[Problem, object, object, object], Callable[[], object]]
+# For the training rows: a case -> its forward as a function of (x, weight, bias), differentiable.
+TrainingFactory = Callable[[Case], Callable[[object, object, object], object]]
 
 
 def eager(p: Problem, x, w, b):
@@ -113,4 +116,42 @@ CONTENDERS: dict[str, Factory] = {
     "triton (simple)": triton_simple,
     "cuda (naive)": naive_cuda,
     "dwgen": dwgen_frozen,
+}
+
+
+def case_forward(case: Case, x, w, b):
+    """A case as PyTorch users write it: conv1d; when causal, padding K-1 on both sides and then the first
+    Lout outputs (as Mamba does); SiLU where named. Also the float64 reference of the training rows."""
+    import torch.nn.functional as F
+
+    y = F.conv1d(x, w, b, stride=case.stride, padding=case.padding, dilation=case.dilation, groups=case.channels)
+    if case.causal:
+        y = y[..., :case.out_length]
+    return F.silu(y) if case.activation == "silu" else y
+
+
+def eager_training(case: Case):
+    return lambda x, w, b: case_forward(case, x, w, b)
+
+
+def compiled_training(case: Case):
+    import torch
+
+    torch._dynamo.reset()  # a fresh compile per case, as for the forward rows
+    return torch.compile(lambda x, w, b: case_forward(case, x, w, b), dynamic=False)
+
+
+def dwgen_training(case: Case):
+    import generated
+
+    padding = "causal" if case.causal else case.padding
+    return lambda x, w, b: generated.depthwise_conv1d(x, w, b, stride=case.stride, padding=padding,
+                                                      dilation=case.dilation, activation=case.activation)
+
+
+# The contenders with a backward (the simple Triton and naive CUDA kernels have none).
+TRAINING: dict[str, TrainingFactory] = {
+    "pytorch": eager_training,
+    "torch.compile": compiled_training,
+    "dwgen": dwgen_training,
 }
