@@ -17,8 +17,7 @@ from dwgen import render
 from dwgen.dtypes import DTYPES
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import (NVCC_FLAGS, Variant, generic_bwd_variants, generic_key, generic_variants, make_config,
-                         signature)
+from dwgen.space import NVCC_FLAGS, Variant, generic_bwd_variants, generic_key, generic_variants, make_config, signature
 
 SCHEMA = 4  # 4: backward kernels beside the forward ones, the op registered in C++ (3: dtypes and layouts)
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "generated"

@@ -35,53 +35,58 @@ def timed(fn, reps=30):
     return sorted(times)[len(times) // 2]
 
 
+def probe(B, C, L, K, dt, layout, pad, act, profile: bool) -> None:
+    x0 = torch.randn(B, L, C, device="cuda", dtype=dt).transpose(1, 2) if layout == "blc" else \
+        torch.randn(B, C, L, device="cuda", dtype=dt)
+    w0 = torch.randn(C, 1, K, device="cuda", dtype=dt) * 0.3
+    b0 = torch.randn(C, device="cuda", dtype=dt)
+    x, w, b = (t.detach().requires_grad_() for t in (x0, w0, b0))
+    src = x0.detach().clone()
+    dst = torch.empty_like(src)
+    copy = timed(lambda: dst.copy_(src))
+
+    def dw():
+        return generated.depthwise_conv1d(x, w, b, padding=pad, activation=act)
+
+    def pt():
+        if pad == "causal":
+            y = F.conv1d(x, w, b, padding=K - 1, groups=C)[..., :L]
+        else:
+            y = F.conv1d(x, w, b, padding=pad, groups=C)
+        return F.silu(y) if act == "silu" else y
+
+    rows = []
+    for f in (dw, pt):
+        gy = torch.randn_like(f())
+        with torch.no_grad():
+            tf = timed(f)
+
+        def step(f=f, gy=gy):
+            x.grad = w.grad = b.grad = None  # as the baselines: no accumulation into old gradients
+            torch.autograd.backward(f(), gy)
+
+        tfb = timed(step)
+        rows += [tf / copy, (tfb - tf) / copy, tfb / copy]
+    name = f"{B}x{C}x{L} K{K} {str(dt)[6:]} {layout} p={pad} {act or ''}"
+    print(f"{name:44s} {copy:8.3f} " + " ".join(f"{r:6.2f}x" for r in rows))
+    if profile:  # which kernels the backward ran, and for how long each
+        y = dw()
+        gy = torch.randn_like(y)
+        x.grad = w.grad = b.grad = None
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.autograd.backward(y, gy)
+            torch.cuda.synchronize()
+        for e in prof.key_averages():
+            if e.device_time_total > 0:
+                print(f"    {e.key[:70]:70s} {e.device_time_total / max(e.count, 1):9.1f} us")
+
+
 def main():
     generated.build()
-    print(f"{'problem':44s} {'copy ms':>8s} {'dw fwd':>7s} {'dw bwd':>7s} {'dw f+b':>7s} {'pt fwd':>7s} {'pt bwd':>7s} {'pt f+b':>7s}")
-    for B, C, L, K, dt, layout, pad, act in CASES:
-        x0 = torch.randn(B, L, C, device="cuda", dtype=dt).transpose(1, 2) if layout == "blc" else \
-            torch.randn(B, C, L, device="cuda", dtype=dt)
-        w0 = torch.randn(C, 1, K, device="cuda", dtype=dt) * 0.3
-        b0 = torch.randn(C, device="cuda", dtype=dt)
-        x, w, b = (t.detach().requires_grad_() for t in (x0, w0, b0))
-        src = x0.detach().clone()
-        dst = torch.empty_like(src)
-        copy = timed(lambda: dst.copy_(src))
-
-        def dw():
-            return generated.depthwise_conv1d(x, w, b, padding=pad, activation=act)
-
-        def pt():
-            if pad == "causal":
-                y = F.conv1d(x, w, b, padding=K - 1, groups=C)[..., :L]
-            else:
-                y = F.conv1d(x, w, b, padding=pad, groups=C)
-            return F.silu(y) if act == "silu" else y
-
-        rows = []
-        for f in (dw, pt):
-            y = f()
-            gy = torch.randn_like(y)
-            with torch.no_grad():
-                tf = timed(f)
-            def step(f=f, gy=gy):
-                x.grad = w.grad = b.grad = None  # as the baselines: no accumulation into old gradients
-                torch.autograd.backward(f(), gy)
-
-            tfb = timed(step)
-            rows += [tf / copy, (tfb - tf) / copy, tfb / copy]
-        name = f"{B}x{C}x{L} K{K} {str(dt)[6:]} {layout} p={pad} {act or ''}"
-        print(f"{name:44s} {copy:8.3f} " + " ".join(f"{r:6.2f}x" for r in rows))
-        if "--profile" in sys.argv:  # which kernels the backward ran, and for how long each
-            y = dw()
-            gy = torch.randn_like(y)
-            x.grad = w.grad = b.grad = None
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                torch.autograd.backward(y, gy)
-                torch.cuda.synchronize()
-            for e in prof.key_averages():
-                if e.device_time_total > 0:
-                    print(f"    {e.key[:70]:70s} {e.device_time_total / max(e.count, 1):9.1f} us")
+    heads = ("copy ms", "dw fwd", "dw bwd", "dw f+b", "pt fwd", "pt bwd", "pt f+b")
+    print(f"{'problem':44s} {heads[0]:>8s} " + " ".join(f"{h:>7s}" for h in heads[1:]))
+    for case in CASES:
+        probe(*case, profile="--profile" in sys.argv)
 
 
 if __name__ == "__main__":
