@@ -11,7 +11,8 @@
 #   tests   the whole test suite, GPU tests included
 #   gputests  only the GPU tests and the frozen-module tests
 #   frozentests  the frozen module's tests alone (random problems, edge inputs, memcheck)
-#   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant)
+#   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant,
+#           every fault of dwgen.faults in one search)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -37,7 +38,8 @@ for step in "$@"; do
     tests) timed tests python3 -m pytest -q tests ;;
     gputests) timed gputests python3 -m pytest -q tests/gpu tests/test_generated.py ;;
     frozentests) timed frozentests python3 -m pytest -q -rs tests/gpu/test_generated_gpu.py tests/test_generated.py ;;
-    kerneltests) timed kerneltests python3 -m pytest -q -rs tests/gpu/test_variants_gpu.py tests/gpu/test_crash_gpu.py ;;
+    kerneltests) timed kerneltests python3 -m pytest -q -rs tests/gpu/test_variants_gpu.py tests/gpu/test_crash_gpu.py \
+                   tests/gpu/test_faults_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   tar czf "$OUT/results.tgz" generated benchmarks 2>/dev/null  # after every step: a later time-out loses only that step

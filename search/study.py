@@ -32,6 +32,7 @@ RESULT_ATTR = "result"
 SKIP_ATTR = "skipped"
 OWNER_ATTR = "owner"
 SWEPT_ATTR = "swept"
+EXTRA_ATTR = "extra"  # a variant passed in beside the sampler's (tests' faults); its trial has no params
 # A RUNNING trial with no owner yet is one a tuner has just asked (it claims it right after): only this
 # old is it taken for one left behind.
 UNCLAIMED_GRACE_S = 60.0
@@ -77,13 +78,30 @@ def trial_result(t: FrozenTrial) -> Result | None:
 
 
 def measured(study: optuna.Study, p: Problem) -> dict[str, tuple[object, Result]]:
-    """Every variant this study already built or evaluated, by digest (skips and duplicates excluded)."""
+    """Every variant this study already built or evaluated, by digest (skips, duplicates and extras excluded)."""
     out: dict[str, tuple[object, Result]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         r = trial_result(t)
-        if r is not None and not t.user_attrs.get("duplicate"):
+        if r is not None and not t.user_attrs.get("duplicate") and not t.user_attrs.get(EXTRA_ATTR):
             out.setdefault(r.digest, (make_config(p, t.params), r))
     return out
+
+
+def measured_extras(study: optuna.Study) -> dict[str, Result]:
+    """The results of the extra variants (those passed in beside the sampler's) this study holds, by digest."""
+    out: dict[str, Result] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        r = trial_result(t)
+        if r is not None and t.user_attrs.get(EXTRA_ATTR):
+            out.setdefault(r.digest, r)
+    return out
+
+
+def record_extra(study: optuna.Study, result: Result) -> None:
+    """An extra variant's result as a trial of its own. It has no params and is told no value whatever its
+    result, so the samplers learn nothing from a variant that is not in their space (a test's fault)."""
+    attrs = {RESULT_ATTR: result.to_dict(), EXTRA_ATTR: True}
+    study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs=attrs))
 
 
 def record(study: optuna.Study, trial: optuna.Trial, result: Result, duplicate: bool = False) -> None:
