@@ -13,6 +13,7 @@
 #   frozentests  the frozen module's tests alone (random problems, edge inputs, memcheck)
 #   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant,
 #           every fault of dwgen.faults in one search)
+#   SUITE_WORKERS=N makes the suite step search with one worker process per GPU (tune.py --workers N)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -31,7 +32,8 @@ for step in "$@"; do
     tunecheck) rm -rf runs; timed tunecheck python3 tune.py --shape 32x512x8192 --no-freeze ;;
     generic) timed generic python3 -m search.generic ${GENERIC_ARGS:-} ;;
     gate) timed gate python3 -m dwgen.gate ;;
-    suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} ;;
+    suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} \
+             ${SUITE_WORKERS:+--workers $SUITE_WORKERS} ;;
     bench) timed bench python3 -m dwgen.bench ${BENCH_ONLY:+--only "$BENCH_ONLY"} ;;
     exhaustive) timed exhaustive python3 tune.py --shape 32x512x8192 --sampler grid --trials 100000 \
                   --storage memory --no-freeze ;;

@@ -33,8 +33,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # numpy, under Optuna's samplers, takes seeds of 32 bits
     ap.add_argument("--seed", type=cli.int_range(0, 2**32 - 1), default=0)
     ap.add_argument("--storage", type=cli.storage, default=None,
-                    help="Optuna storage URL: sqlite:///FILE, postgresql://..., mysql://... (default: an sqlite "
-                    "file under runs/); 'memory' keeps nothing")
+                    help="Optuna storage URL: sqlite:///FILE, postgresql://..., mysql://..., or journal:///FILE "
+                    "(default: an sqlite file under runs/); 'memory' keeps nothing. Tuners on several hosts "
+                    "join one study through PostgreSQL or a journal file on a shared file system")
+    ap.add_argument("--workers", type=cli.int_range(1), default=1,
+                    help="search with one process per GPU, on this many of the visible GPUs (default 1)")
     ap.add_argument("--compile-timeout", type=cli.positive_seconds, default=COMPILE_TIMEOUT_S,
                     help=f"seconds one variant may compile before nvcc is killed and the variant recorded as a "
                     f"timeout (default {COMPILE_TIMEOUT_S:g})")
@@ -160,7 +163,7 @@ def main(argv: list[str]) -> int:
                                storage=a.storage, runs_dir=a.runs_dir, out_dir=a.out, freeze=not a.no_freeze,
                                jobs=a.jobs, quiet=a.quiet, log=log,
                                report=lambda ws: rows.extend(winner_row(w, frozen=not a.no_freeze) for w in ws),
-                               compile_timeout_s=a.compile_timeout,
+                               workers=a.workers, compile_timeout_s=a.compile_timeout,
                                run_timeout_s=a.run_timeout)
     except (workflow.UserError, ToolchainError) as e:
         print(f"tune.py: {e}", file=sys.stderr)

@@ -51,7 +51,7 @@ def test_an_unknown_fault_is_refused():
 
 
 def test_nothing_the_tuner_imports_can_reach_the_faults():
-    code = ("import sys, search.cli, search.workflow, search.loop, dwgen.worker; "
+    code = ("import sys, search.cli, search.workflow, search.loop, search.parallel, dwgen.worker; "
             "sys.exit('dwgen.faults' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
