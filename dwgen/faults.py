@@ -75,7 +75,7 @@ FAULTS: dict[str, Fault] = {
         + _ONE_THREAD),
     "other_stream": Fault(
         "computes the right output, on a stream of its own instead of the one it is given", "wrong",
-        "outside the stream it was given",
+        "the stream it was given",
         "{base_source}\n"
         + _launch("    static cudaStream_t own = nullptr;\n"
                   "    if (own == nullptr) {{\n"
