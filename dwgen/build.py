@@ -10,6 +10,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -22,6 +23,9 @@ from dwgen.space import NVCC_FLAGS
 
 DEFAULT_ARCH = "sm_90"
 CUDA_HOME_GUESS = "/usr/local/cuda"
+# How long one variant may compile before its nvcc (with the host compiler, cicc and ptxas it started) is
+# killed and the variant recorded as a timeout; the slowest variants of the space take a few seconds.
+COMPILE_TIMEOUT_S = 120.0
 
 
 class ToolchainError(RuntimeError):
@@ -147,8 +151,34 @@ def _write_source(src: Path, source: str) -> None:
     os.replace(tmp, src)
 
 
+def _run_killable(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess | None:
+    """Run cmd in a process group of its own; None when it ran past timeout_s, after killing the whole group.
+
+    Killing nvcc alone is not enough: the host compiler, cicc or ptxas it started would run on, holding
+    the output pipes open, and waiting for those pipes to close would hang the build as long as they do."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
+        return None
+    except BaseException:  # Ctrl-C: leave no compiler behind
+        _kill_group(proc)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone, with all it started
+        pass
+
+
 def compile_library(name: str, source: str, key: str, cache_dir: Path, arch: str = DEFAULT_ARCH,
-                    timeout_s: float = 120.0) -> Build:
+                    timeout_s: float = COMPILE_TIMEOUT_S) -> Build:
     """Compile one source to a shared library under cache_dir/key/, reusing a previous build of the same key.
 
     The CUDA runtime is linked as a shared library: loaded into a torch process, the variant then uses
@@ -171,11 +201,11 @@ def compile_library(name: str, source: str, key: str, cache_dir: Path, arch: str
     cmd = [nvcc_path(), "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared", f"-arch={arch}", *NVCC_FLAGS,
            "-Xptxas", "-v", "-o", tmp, str(src)]
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    proc = _run_killable(cmd, timeout_s)
+    if proc is None:
         os.unlink(tmp)
-        return Build(name, "timeout", log=f"nvcc ran past {timeout_s:.0f} s", log_path=str(src), seconds=timeout_s)
+        return Build(name, "timeout", log=f"compile timeout: nvcc ran past {timeout_s:g} s and was killed",
+                     log_path=str(src), seconds=timeout_s)
     seconds = time.perf_counter() - t0
     log = " ".join(cmd) + "\n" + proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -189,15 +219,17 @@ def compile_library(name: str, source: str, key: str, cache_dir: Path, arch: str
 
 
 def compile_many(jobs: Iterable[tuple[str, str, str]], cache_dir: Path, arch: str = DEFAULT_ARCH,
-                 workers: int | None = None, on_done: Callable[[Build], None] | None = None) -> list[Build]:
+                 workers: int | None = None, on_done: Callable[[Build], None] | None = None,
+                 timeout_s: float = COMPILE_TIMEOUT_S) -> list[Build]:
     """Compile (name, source, key) jobs in parallel; nvcc is a subprocess, so threads suffice.
 
     Returns the builds in the order of `jobs`; `on_done` sees each build as it finishes (in this thread),
-    so that a long compile can show progress."""
+    so that a long compile can show progress. A job that compiles longer than `timeout_s` is killed and
+    returned as a timeout."""
     jobs = list(jobs)
     workers = workers or max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(compile_library, n, s, k, cache_dir, arch) for n, s, k in jobs]
+        futures = [pool.submit(compile_library, n, s, k, cache_dir, arch, timeout_s) for n, s, k in jobs]
         try:
             if on_done is not None:
                 for f in as_completed(futures):

@@ -126,6 +126,47 @@ class ReferenceCache:
         return self._entries[key]
 
 
+def check_stream(p: Problem, run: Callable, cache: ReferenceCache | None = None) -> CheckOutcome:
+    """The launch puts its work on the stream it is given and nowhere else.
+
+    `check` waits for the whole device, so it passes a variant that computes on a stream of its own; in a
+    program that reads y after its own stream only, that variant races. Here its launch is captured into a
+    CUDA graph on a side stream: a capture runs nothing, so an output written by then was written by work
+    put elsewhere. The graph is then replayed into the same, NaN-filled, output and compared."""
+    import torch
+
+    cache = cache or ReferenceCache()
+    x, w, b, ref, scale = cache.get(p, 0)
+    y, guards_intact = guarded_output(p, device=x.device)
+    torch.cuda.synchronize()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    refused: Exception | None = None
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            run(p, x, w, b, y)
+        except Exception as e:  # a call the capture refuses (the legacy stream, a synchronisation): not sticky
+            refused = e
+        try:
+            graph.capture_end()
+        except RuntimeError as e:
+            refused = refused or e
+    torch.cuda.synchronize()
+    if refused is not None:
+        first = str(refused).strip().splitlines()[0] if str(refused).strip() else type(refused).__name__
+        return CheckOutcome(False, f"{p.key}: its launch failed while captured on the stream it was given: {first}",
+                            float("inf"))
+    if not (bool(torch.isnan(y).all()) and guards_intact()):
+        return CheckOutcome(False, f"{p.key}: wrote its output outside the stream it was given (while its launch "
+                                   "was captured on that stream)", float("inf"))
+    graph.replay()
+    torch.cuda.synchronize()
+    if not guards_intact():
+        return CheckOutcome(False, f"graph replay: {p.key}: wrote outside its output", float("inf"))
+    outcome = compare(p, y, ref, scale)
+    return outcome if outcome.ok else CheckOutcome(False, f"graph replay: {outcome.message}", outcome.max_rel_error)
+
+
 def check(p: Problem, run: Callable, seeds=SEEDS, cache: ReferenceCache | None = None, act: int = 0) -> CheckOutcome:
     """Run `run(problem, x, w, b, y)` on random inputs per seed, y pre-filled with NaN, and compare (with
     SiLU applied to the reference when act is 1)."""

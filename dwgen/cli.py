@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-# Optuna storages tune.py can open: SQLAlchemy URLs of these databases (with an optional +driver), or 'memory'.
-STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql")
+# Optuna storages tune.py can open: SQLAlchemy URLs of these databases (with an optional +driver), Optuna's
+# journal file as journal:///FILE, or 'memory'.
+STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "journal")
 _STORAGE_RE = re.compile(r"^(?P<scheme>[a-z][a-z0-9]*)(\+[a-z0-9_]+)?://")
 
 
@@ -104,8 +105,9 @@ def storage(text: str) -> str:
     if text == "memory":
         return text
     m = _STORAGE_RE.match(text)
-    if not m or m.group("scheme") not in STORAGE_SCHEMES:
+    if not m or m.group("scheme") not in STORAGE_SCHEMES or (
+            m.group("scheme") == "journal" and not text.startswith("journal:///")):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a storage dwgen can open: give sqlite:///FILE, postgresql://..., mysql://... "
-            "or memory")
+            f"{text!r} is not a storage dwgen can open: give sqlite:///FILE, postgresql://..., mysql://..., "
+            "journal:///FILE or memory")
     return text

@@ -38,7 +38,8 @@ def no_variant_reason(problem: Problem) -> str | None:
 
 def dry_run(problem: Problem, arch: str, cache_dir: Path, jobs: int | None = None, limit: int | None = None,
             log=print, quiet: bool = False,
-            report: Callable[[Problem, list[build.Build]], None] | None = None) -> int:
+            report: Callable[[Problem, list[build.Build]], None] | None = None,
+            timeout_s: float = build.COMPILE_TIMEOUT_S) -> int:
     """Compile every valid variant for `arch`; returns 0 when all built, 1 otherwise.
 
     `report`, when given, receives the builds (for --json)."""
@@ -58,7 +59,8 @@ def dry_run(problem: Problem, arch: str, cache_dir: Path, jobs: int | None = Non
             progress.set_note(f"{failed_so_far} failed" if failed_so_far else "")
             progress.advance()
 
-        results = build.compile_many(jobs_, cache_dir, arch=arch, workers=jobs, on_done=tick)
+        results = build.compile_many(jobs_, cache_dir, arch=arch, workers=jobs, on_done=tick,
+                                     timeout_s=timeout_s)
     wall = time.perf_counter() - t0
     log(f"{'variant':48s} {'status':>13s} {'regs':>5s} {'spill':>6s} {'smem':>6s} {'nvcc s':>7s}")
     for b in results:

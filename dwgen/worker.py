@@ -10,7 +10,9 @@ from dwgen.problem import Problem
 from dwgen.result import Result
 from dwgen.space import Variant
 
-JOB_TIMEOUT_S = 180.0
+# How long one call of the worker may take (checking and timing one candidate, or re-timing the finalists)
+# before the worker is killed, the candidate recorded as a timeout and a fresh worker started.
+RUN_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,9 @@ class _Bench:
                 if not outcome.ok:
                     return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
                 worst = max(worst, outcome.max_rel_error)
+            outcome = check.check_stream(self.problem, run, cache=self.refs)
+            if not outcome.ok:
+                return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
             x, w, b, _, _ = self.refs.get(self.problem, 0)
             y = check.empty_output(self.problem)
             t = self.timer.time(launcher.prepare(self.problem, x, w, b, y))
@@ -180,23 +185,33 @@ def _serve(conn, problem: Problem) -> None:
 
 
 class WorkerDied(RuntimeError):
-    pass
+    """The worker process is gone; `status` says how the candidate it was on is recorded."""
+
+    def __init__(self, message: str, status: str = "crashed"):
+        super().__init__(message)
+        self.status = status
 
 
 class GpuWorker:
     """Runs evaluations in a spawned child; a crash, hang or CUDA error costs one variant, not the search."""
 
-    def __init__(self, problem: Problem, timeout_s: float = JOB_TIMEOUT_S):
+    def __init__(self, problem: Problem, timeout_s: float = RUN_TIMEOUT_S):
         self.problem, self.timeout_s = problem, timeout_s
         self._ctx = mp.get_context("spawn")
         self._proc = None
         self._conn = None
-        self.restarts = 0
+        self.starts = 0
+
+    @property
+    def restarts(self) -> int:
+        """Workers started to replace one that died, hung or was poisoned."""
+        return max(0, self.starts - 1)
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(child, self.problem), daemon=True)
         self._proc.start()
+        self.starts += 1
         child.close()
         self._conn = parent
         status, msg = self._recv(600.0)
@@ -206,7 +221,8 @@ class GpuWorker:
     def _recv(self, timeout: float):
         if not self._conn.poll(timeout):
             self._kill()
-            raise WorkerDied(f"no answer within {timeout:.0f} s (hung kernel?)")
+            raise WorkerDied(f"run timeout: no answer within {timeout:g} s (a kernel that never ends?); the worker "
+                             "was killed", status="timeout")
         try:
             return self._conn.recv()
         except (EOFError, OSError) as e:
@@ -223,8 +239,6 @@ class GpuWorker:
 
     def call(self, op: str, arg=None):
         if self._proc is None or not self._proc.is_alive():
-            if self._proc is not None:
-                self.restarts += 1
             self._start()
         try:
             self._conn.send((op, arg))
@@ -234,8 +248,7 @@ class GpuWorker:
         status, payload = self._recv(self.timeout_s)
         if status == "dead":
             self._kill()
-            self.restarts += 1
-            raise WorkerDied(payload)
+            raise WorkerDied(payload, status="launch_error" if payload.startswith("CudaLaunchError") else "crashed")
         if status != "ok":
             raise RuntimeError(payload)
         return payload
@@ -245,9 +258,7 @@ class GpuWorker:
         try:
             out = self.call("evaluate", cand)
         except WorkerDied as e:
-            msg = str(e)
-            status = "timeout" if "no answer" in msg else ("launch_error" if "launching" in msg else "crashed")
-            return base.with_(status=status, message=msg)
+            return base.with_(status=e.status, message=str(e))
         return base.with_(**out)
 
     def baselines(self) -> dict:

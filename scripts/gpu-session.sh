@@ -11,7 +11,9 @@
 #   tests   the whole test suite, GPU tests included
 #   gputests  only the GPU tests and the frozen-module tests
 #   frozentests  the frozen module's tests alone (random problems, edge inputs, memcheck)
-#   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant)
+#   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant,
+#           every fault of dwgen.faults in one search)
+#   SUITE_WORKERS=N makes the suite step search with one worker process per GPU (tune.py --workers N)
 #   build   the first build of generated/, timed
 #   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
 #   some    python -m pytest on TEST_FILES
@@ -34,14 +36,16 @@ for step in "$@"; do
     tunecheck) rm -rf runs; timed tunecheck python3 tune.py --shape 32x512x8192 --no-freeze ;;
     generic) timed generic python3 -m search.generic ${GENERIC_ARGS:-} ;;
     gate) timed gate python3 -m dwgen.gate ;;
-    suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} ;;
+    suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} \
+             ${SUITE_WORKERS:+--workers $SUITE_WORKERS} ;;
     bench) timed bench python3 -m dwgen.bench ${BENCH_ONLY:+--only "$BENCH_ONLY"} ;;
     exhaustive) timed exhaustive python3 tune.py --shape 32x512x8192 --sampler grid --trials 100000 \
                   --storage memory --no-freeze ;;
     tests) timed tests python3 -m pytest -q tests ;;
     gputests) timed gputests python3 -m pytest -q tests/gpu tests/test_generated.py ;;
     frozentests) timed frozentests python3 -m pytest -q -rs tests/gpu/test_generated_gpu.py tests/test_generated.py ;;
-    kerneltests) timed kerneltests python3 -m pytest -q -rs tests/gpu/test_variants_gpu.py tests/gpu/test_crash_gpu.py ;;
+    kerneltests) timed kerneltests python3 -m pytest -q -rs tests/gpu/test_variants_gpu.py tests/gpu/test_crash_gpu.py \
+                   tests/gpu/test_faults_gpu.py ;;
     build) timed build python3 -c "import time, generated; t = time.time(); generated.build(); print(f'built in {time.time() - t:.0f} s')" ;;
     probe) timed probe python3 scripts/probe-train.py ;;
     some) timed some python3 -m pytest -q -rs ${TEST_FILES:-tests/gpu} ;;

@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 from dwgen import cli
+from dwgen.build import COMPILE_TIMEOUT_S
 from dwgen.problem import ProblemError
 from dwgen.suite import add_problem_arguments, problem_from_args, read_suite
+from dwgen.worker import RUN_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 DESCRIPTION = "Tune a depthwise conv1d problem and freeze the winner into generated/."
@@ -31,8 +33,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # numpy, under Optuna's samplers, takes seeds of 32 bits
     ap.add_argument("--seed", type=cli.int_range(0, 2**32 - 1), default=0)
     ap.add_argument("--storage", type=cli.storage, default=None,
-                    help="Optuna storage URL: sqlite:///FILE, postgresql://..., mysql://... (default: an sqlite "
-                    "file under runs/); 'memory' keeps nothing")
+                    help="Optuna storage URL: sqlite:///FILE, postgresql://..., mysql://..., or journal:///FILE "
+                    "(default: an sqlite file under runs/); 'memory' keeps nothing. Tuners on several hosts "
+                    "join one study through PostgreSQL or a journal file on a shared file system")
+    ap.add_argument("--workers", type=cli.int_range(1), default=1,
+                    help="search with one process per GPU, on this many of the visible GPUs (default 1)")
+    ap.add_argument("--compile-timeout", type=cli.positive_seconds, default=COMPILE_TIMEOUT_S,
+                    help=f"seconds one variant may compile before nvcc is killed and the variant recorded as a "
+                    f"timeout (default {COMPILE_TIMEOUT_S:g})")
+    ap.add_argument("--run-timeout", type=cli.positive_seconds, default=RUN_TIMEOUT_S,
+                    help=f"seconds checking and timing one variant may take before its GPU worker is killed and "
+                    f"replaced, the variant recorded as a timeout (default {RUN_TIMEOUT_S:g})")
     ap.add_argument("--runs-dir", type=cli.directory, default=ROOT / "runs")
     ap.add_argument("--out", type=cli.directory, default=ROOT / "generated", help="where the frozen module goes")
     ap.add_argument("--no-freeze", action="store_true", help="search and report, leave generated/ alone")
@@ -145,12 +156,15 @@ def main(argv: list[str]) -> int:
     try:
         if a.dry_run:
             rc = max([dry_run(p, arch=a.arch, cache_dir=a.runs_dir / "build", jobs=a.jobs, quiet=a.quiet, log=log,
-                              report=lambda q, builds: rows.extend(build_rows(q, builds))) for p in problems])
+                              report=lambda q, builds: rows.extend(build_rows(q, builds)),
+                              timeout_s=a.compile_timeout) for p in problems])
         else:
             rc = workflow.tune(problems, trials=a.trials, timeout_s=a.timeout, sampler=a.sampler, seed=a.seed,
                                storage=a.storage, runs_dir=a.runs_dir, out_dir=a.out, freeze=not a.no_freeze,
                                jobs=a.jobs, quiet=a.quiet, log=log,
-                               report=lambda ws: rows.extend(winner_row(w, frozen=not a.no_freeze) for w in ws))
+                               report=lambda ws: rows.extend(winner_row(w, frozen=not a.no_freeze) for w in ws),
+                               workers=a.workers, compile_timeout_s=a.compile_timeout,
+                               run_timeout_s=a.run_timeout)
     except (workflow.UserError, ToolchainError) as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 1

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import optuna
+from optuna.trial import TrialState
 
 from dwgen.build import Build
 from dwgen.problem import Problem
@@ -49,35 +51,96 @@ class SearchStats:
     correct: int = 0
     evaluate_wall_s: float = 0.0
     failures: dict[str, int] = field(default_factory=dict)
+    extras: int = 0  # extra variants evaluated (passed in beside the sampler's: tests' faults)
+
+
+_ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
+
+
+def failure_line(log: str) -> str:
+    """The line of a build log that says why: the compiler's first error, else its last line (the log's
+    first line is the command, whose file names may hold the word)."""
+    lines = [line.strip() for line in log.strip().splitlines()]
+    said = lines[1:] if len(lines) > 1 else lines
+    return next((line for line in said if _ERROR_LINE.search(line)), said[-1] if said else "")
 
 
 def build_result(v: Variant, b: Build) -> Result:
     status = "ok" if b.ok else b.status
-    last = b.log.strip().splitlines()[-1] if b.log.strip() else ""
-    msg = "" if b.ok else f"{last} (source and log beside {b.log_path})"
+    msg = "" if b.ok else f"{failure_line(b.log)} (source and log beside {b.log_path})"
     return Result(v.name, v.digest, status, message=msg, registers=b.registers, spill_bytes=b.spill_bytes,
                   smem_bytes=b.smem_bytes, compile_s=b.seconds)
 
 
 def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Evaluator, *, trials: int,
            timeout_s: float | None = None, batch: int | None = None, seeds: Sequence = (),
-           log: Callable[[str], None] = print,
-           progress: Progress | None = None) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
+           log: Callable[[str], None] = print, progress: Progress | None = None, extra: Sequence = (),
+           worker: str | None = None) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
     """Evaluate up to `trials` new variants; returns every variant measured in this study, by digest.
 
     A new study tries `seeds` first (such as the previous winner), then the known-good designs.
     `progress` (total: `trials`) counts the variants evaluated and shows the best so far.
-    Trials a killed tuner left RUNNING are closed first (search.study.sweep_stale)."""
+    Trials a killed tuner left RUNNING are closed first (search.study.sweep_stale).
+    `extra` variants are built and evaluated before the sampler's, beside them and outside the space (tests
+    pass dwgen.faults' variants); each is a trial without params, told no value. `worker` names this tuner
+    on its trials when several share the study (tune.py --workers); a variant another tuner has claimed
+    first is left to it."""
     owner = st.new_owner()
     try:
-        return _search(problem, study, build, evaluator, trials, timeout_s, batch, seeds, log, progress, owner)
+        return _search(problem, study, build, evaluator, trials, timeout_s, batch, seeds, log, progress, owner,
+                       list(extra), worker)
     finally:
         st.release(owner)
 
 
+def _evaluate_extras(study: optuna.Study, build: Builder, evaluator: Evaluator, extra: list,
+                     known: dict[str, tuple[Variant, Result]], stats: SearchStats, worker: str | None,
+                     log: Callable[[str], None], progress: Progress) -> None:
+    """Build and evaluate the extra variants this study has not measured yet, each told as a trial of its own."""
+    todo = [v for v in extra if v.digest not in known]
+    if not todo:
+        return
+    t0 = time.perf_counter()
+    builds = build(todo, on_done=_batch_ticker(progress, len(todo)))
+    stats.compile_wall_s += time.perf_counter() - t0
+    progress.describe("checking+timing")
+    t0 = time.perf_counter()
+    for v, b in zip(todo, builds, strict=True):
+        stats.built += 1
+        stats.build_failed += not b.ok
+        result = check_one(evaluator, v, b)
+        st.record_extra(study, result, worker)
+        known[v.digest] = (v, result)
+        stats.extras += 1
+        if not result.ok:
+            stats.failures[result.status] = stats.failures.get(result.status, 0) + 1
+        log(f"[extra] {result.summary()}")
+    stats.evaluate_wall_s += time.perf_counter() - t0
+
+
+def _leave_to_others(study: optuna.Study, pending: dict[str, tuple[optuna.Trial, Variant]],
+                     known: dict[str, tuple[Variant, Result]], stats: SearchStats) -> None:
+    """Drop from the batch the variants another tuner claimed first: a duplicate of its result when it has
+    one, a skip (not penalised) while it is still measuring."""
+    firsts = st.first_claims(study, {trial.number: digest for digest, (trial, _) in pending.items()})
+    for digest, (trial, v) in list(pending.items()):
+        other = firsts[trial.number]
+        if other is None:
+            continue
+        del pending[digest]
+        stats.duplicates += 1
+        result = st.trial_result(other) if other.state != TrialState.RUNNING else None
+        if result is not None:
+            st.record(study, trial, result, duplicate=True)
+            known[digest] = (v, result)
+        else:
+            st.record_skip(study, trial, ["measured_by_another_tuner"], penalize=False)
+
+
 def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Evaluator, trials: int,
             timeout_s: float | None, batch: int | None, seeds: Sequence, log: Callable[[str], None],
-            progress: Progress | None, owner: str) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
+            progress: Progress | None, owner: str, extra: list,
+            worker: str | None) -> tuple[dict[str, tuple[Variant, Result]], SearchStats]:
     batch = batch or max(4, min(32, os.cpu_count() or 4))
     stats = SearchStats()
     progress = progress or Progress(trials, "search", quiet=True)
@@ -89,8 +152,10 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
     if known:
         log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
     else:
-        for c in [*seeds, *known_good(problem)]:
-            study.enqueue_trial(c.to_dict(), skip_if_exists=True)
+        enqueue_seeds(study, problem, seeds)
+    extras_done = st.measured_extras(study)
+    known.update({v.digest: (v, extras_done[v.digest]) for v in extra if v.digest in extras_done})
+    _evaluate_extras(study, build, evaluator, extra, known, stats, worker, log, progress)
     sampler = study.sampler
     distributions = st.distributions(problem)
     deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -127,9 +192,10 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
                 st.record_skip(study, trial, ["duplicate_in_batch"], penalize=False)  # valid, maybe fast
                 stats.duplicates += 1
             else:
-                st.claim(trial, owner)
+                st.claim(trial, owner, v.digest, worker)
                 pending[v.digest] = (trial, v)
                 idle = 0
+        _leave_to_others(study, pending, known, stats)
         if not pending:
             continue
         t0 = time.perf_counter()
@@ -156,6 +222,12 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
             progress.advance()
         stats.evaluate_wall_s += time.perf_counter() - t0
     return known, stats
+
+
+def enqueue_seeds(study: optuna.Study, problem: Problem, seeds: Sequence = ()) -> None:
+    """Ask `seeds` first, then the known-good designs, each once (a seed that is also known-good too)."""
+    for c in [*seeds, *known_good(problem)]:
+        study.enqueue_trial(c.to_dict(), skip_if_exists=True)
 
 
 def _batch_ticker(progress: Progress, n: int) -> Callable[[Build], None]:

@@ -6,10 +6,12 @@ import hashlib
 import json
 import os
 import socket
+import time
 import uuid
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
 from dwgen.problem import Problem
@@ -32,6 +34,9 @@ RESULT_ATTR = "result"
 SKIP_ATTR = "skipped"
 OWNER_ATTR = "owner"
 SWEPT_ATTR = "swept"
+DIGEST_ATTR = "digest"  # the variant a trial claimed to measure (set before OWNER_ATTR)
+WORKER_ATTR = "worker"  # which tuner measured it (tune.py --workers: the host and the GPU)
+EXTRA_ATTR = "extra"  # a variant passed in beside the sampler's (tests' faults); its trial has no params
 # A RUNNING trial with no owner yet is one a tuner has just asked (it claims it right after): only this
 # old is it taken for one left behind.
 UNCLAIMED_GRACE_S = 60.0
@@ -49,13 +54,54 @@ class StorageError(RuntimeError):
     """A storage URL that could not be opened: no such database, no driver for it, not an Optuna database."""
 
 
+JOURNAL_PREFIX = "journal:///"
+# How long a writer waits for another process's lock on an SQLite study (tune.py --workers on one host)
+# before giving up; SQLite's own default of 5 s is short for several tuners telling results at once.
+SQLITE_BUSY_TIMEOUT_S = 60
+
+
+def journal_path(url: str) -> str | None:
+    """The file of a journal:///FILE storage (relative, or absolute as journal:////abs/file); None otherwise."""
+    return url[len(JOURNAL_PREFIX):] if url.startswith(JOURNAL_PREFIX) else None
+
+
+def _with_driver(url: str) -> str:
+    """postgresql://... through psycopg 3 (requirements.txt's driver) whatever SQLAlchemy's default for the
+    scheme (psycopg2 before SQLAlchemy 2.1); a URL that names its driver keeps it."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is not None:
+            return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
+
+
 def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """Open an Optuna RDB storage once, so that a bad URL is one line before any search and not a traceback."""
+    """Open an Optuna storage once, so that a bad URL is one line before any search and not a traceback.
+
+    An SQLAlchemy URL opens an RDB storage (SQLite, PostgreSQL, MySQL); journal:///FILE opens Optuna's
+    journal file, which tuners on several hosts share through a shared file system."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    path = journal_path(url)
     try:
-        return optuna.storages.RDBStorage(url)
-    except (SQLAlchemyError, ImportError) as e:  # ImportError: the database's Python driver is not installed
+        if path is not None:
+            from optuna.storages.journal import JournalFileBackend
+
+            if not path or not Path(path).parent.is_dir():
+                raise OSError(f"no folder for the journal file {path!r}")
+            # Optuna's default lock for the file (a symlink made and removed beside it) holds over NFS too.
+            return optuna.storages.JournalStorage(JournalFileBackend(path))
+        if not url.startswith("sqlite"):
+            return optuna.storages.RDBStorage(_with_driver(url))
+        # pysqlite's own BEGIN comes only before a write, so a read-then-write transaction (the pop of an
+        # enqueued trial: still waiting? then running) is not atomic, and two tuners sharing the file could
+        # both pop one trial. Each transaction instead takes the write lock as it begins.
+        storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {
+            "timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}})
+        sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        return storage
+    except (SQLAlchemyError, ImportError, OSError) as e:  # ImportError: the database's driver is not installed
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise StorageError(f"cannot open storage {url}: {first}") from e
 
@@ -77,13 +123,30 @@ def trial_result(t: FrozenTrial) -> Result | None:
 
 
 def measured(study: optuna.Study, p: Problem) -> dict[str, tuple[object, Result]]:
-    """Every variant this study already built or evaluated, by digest (skips and duplicates excluded)."""
+    """Every variant this study already built or evaluated, by digest (skips, duplicates and extras excluded)."""
     out: dict[str, tuple[object, Result]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         r = trial_result(t)
-        if r is not None and not t.user_attrs.get("duplicate"):
+        if r is not None and not t.user_attrs.get("duplicate") and not t.user_attrs.get(EXTRA_ATTR):
             out.setdefault(r.digest, (make_config(p, t.params), r))
     return out
+
+
+def measured_extras(study: optuna.Study) -> dict[str, Result]:
+    """The results of the extra variants (those passed in beside the sampler's) this study holds, by digest."""
+    out: dict[str, Result] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        r = trial_result(t)
+        if r is not None and t.user_attrs.get(EXTRA_ATTR):
+            out.setdefault(r.digest, r)
+    return out
+
+
+def record_extra(study: optuna.Study, result: Result, worker: str | None = None) -> None:
+    """An extra variant's result as a trial of its own. It has no params and is told no value whatever its
+    result, so the samplers learn nothing from a variant that is not in their space (a test's fault)."""
+    attrs = {RESULT_ATTR: result.to_dict(), EXTRA_ATTR: True, **({WORKER_ATTR: worker} if worker else {})}
+    study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs=attrs))
 
 
 def record(study: optuna.Study, trial: optuna.Trial, result: Result, duplicate: bool = False) -> None:
@@ -146,9 +209,55 @@ def release(owner: str) -> None:
     _LIVE_OWNERS.discard(owner)
 
 
-def claim(trial: optuna.Trial, owner: str) -> None:
-    """Mark a trial as this search's, so that a later search can tell it from one a killed tuner left."""
+def claim(trial: optuna.Trial, owner: str, digest: str | None = None, worker: str | None = None) -> None:
+    """Mark a trial as this search's, so that a later search can tell it from one a killed tuner left, and
+    as the one that measures `digest` unless a trial before it claimed that variant (see first_claims)."""
+    if digest is not None:
+        trial.set_user_attr(DIGEST_ATTR, digest)
+    if worker is not None:
+        trial.set_user_attr(WORKER_ATTR, worker)
     trial.set_user_attr(OWNER_ATTR, owner)
+
+
+def _claimed(t: FrozenTrial) -> str | None:
+    """The variant a trial measures or is measuring; None for skips, duplicates, and trials closed unmeasured."""
+    if t.user_attrs.get("duplicate") or t.user_attrs.get(SKIP_ATTR) or t.user_attrs.get(EXTRA_ATTR):
+        return None
+    if t.state == TrialState.RUNNING:
+        return t.user_attrs.get(DIGEST_ATTR)
+    r = trial_result(t)
+    return r.digest if r is not None else None
+
+
+CLAIM_POLL_S = 0.05
+
+
+def first_claims(study: optuna.Study, mine: dict[int, str]) -> dict[int, FrozenTrial | None]:
+    """For each of this search's claimed trials (number -> digest), the first trial of the study that claimed
+    the same variant, when that is another one; None where this search's trial is the first.
+
+    Tuners on one study (tune.py --workers, several hosts) can be asked the same variant at once. The first
+    trial, by number, to claim a variant measures it; any later one is a duplicate of it. That is decided
+    only once every trial numbered below is settled (claimed, or told): a claim is written right after the
+    ask, so the wait is short, and a trial still unclaimed after UNCLAIMED_GRACE_S was left by a dead tuner."""
+    if not mine:
+        return {}
+    top = max(mine)
+    deadline = time.monotonic() + UNCLAIMED_GRACE_S
+    while True:
+        trials = study.get_trials(deepcopy=False)
+        now = datetime.datetime.now()
+        unsettled = [t for t in trials if t.number < top and t.number not in mine and t.state == TrialState.RUNNING
+                     and OWNER_ATTR not in t.user_attrs and not _left_behind(t, now)]
+        if not unsettled or time.monotonic() > deadline:
+            break
+        time.sleep(CLAIM_POLL_S)
+    first: dict[str, FrozenTrial] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        d = _claimed(t)
+        if d is not None and d not in first:
+            first[d] = t
+    return {n: (first[d] if d in first and first[d].number < n else None) for n, d in mine.items()}
 
 
 def _left_behind(t: FrozenTrial, now: datetime.datetime) -> bool:

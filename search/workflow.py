@@ -16,8 +16,10 @@ from dwgen import render
 from dwgen.problem import Problem
 from dwgen.progress import Progress
 from dwgen.space import Variant, make_config, violations
+from dwgen.worker import RUN_TIMEOUT_S
 from search import loop
 from search import study as st
+from search.parallel import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 if TYPE_CHECKING:
@@ -37,21 +39,24 @@ def gpu_arch() -> str:
     return f"sm_{major}{minor}"
 
 
-def gpu_builder(runs_dir: Path, jobs: int | None):
+def gpu_builder(runs_dir: Path, jobs: int | None, timeout_s: float = builder.COMPILE_TIMEOUT_S):
     """The builder for this machine's GPU, with its cache under runs_dir; UserError when there is no GPU or nvcc."""
     arch = gpu_arch()
     try:
         builder.nvcc_version()
     except builder.ToolchainError as e:
         raise UserError(str(e)) from e
-    return make_builder(runs_dir / "build", arch, jobs)
+    return make_builder(runs_dir / "build", arch, jobs, timeout_s)
 
 
-def make_builder(cache_dir: Path, arch: str, jobs: int | None):
+def make_builder(cache_dir: Path, arch: str, jobs: int | None, timeout_s: float = builder.COMPILE_TIMEOUT_S,
+                 source: Callable[[Variant], str] = render.render_variant):
+    """Builds variants with nvcc for `arch`, each killed after `timeout_s`; `source` turns a variant into
+    CUDA text (tests hand in dwgen.faults.source, which also writes the faulty ones)."""
     def build(variants: list[Variant], on_done=None):
         return builder.compile_many(
-            [(v.name, render.render_variant(v), builder.build_key(v.digest, arch)) for v in variants],
-            cache_dir, arch=arch, workers=jobs, on_done=on_done)
+            [(v.name, source(v), builder.build_key(v.digest, arch)) for v in variants],
+            cache_dir, arch=arch, workers=jobs, on_done=on_done, timeout_s=timeout_s)
     return build
 
 
@@ -83,32 +88,37 @@ def previous_config(problem: Problem, out_dir: Path):
 
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
                  storage: str | BaseStorage | None, build, frozen: Variant | None, seeds: tuple = (),
-                 log=print, quiet: bool = False, report_dir: Path | None = None) -> frz.Winner | None:
+                 log=print, quiet: bool = False, report_dir: Path | None = None,
+                 run_timeout_s: float = RUN_TIMEOUT_S, workers: tuple[Plan, list[str]] | None = None
+                 ) -> frz.Winner | None:
     """Search one problem and decide its winner; None when no variant was correct.
 
-    With `report_dir`, the study's report (report.md and its plots) is written there at the end."""
+    With `report_dir`, the study's report (report.md and its plots) is written there at the end.
+    `run_timeout_s` bounds each call of the GPU worker (checking and timing one variant). With `workers`
+    (a plan and GPUs), the search runs in one worker process per GPU on the study, and this process
+    re-times the finalists on its first GPU once they are done."""
     from dwgen.worker import GpuWorker
 
     t_start = time.perf_counter()
     study = st.open_study(problem, storage, sampler, seed)
     log(f"== {problem.key}: study {study.study_name}")
-    worker = GpuWorker(problem)
+    worker = GpuWorker(problem, run_timeout_s)
     try:
-        machine = worker.machine()
-        base = worker.baselines()
-        log(f"{machine['gpu']}: copy_ of the same bytes {base['copy_ms']:.4f} ms, "
-            f"PyTorch eager {base['torch_ms']:.4f} ms ({base['copy_ms'] / base['torch_ms'] * 100:.0f}% of copy speed)")
-        with Progress(trials, "search", quiet=quiet) as progress:
-            known, stats = loop.search(problem, study, build, worker, trials=trials, timeout_s=timeout_s,
-                                       seeds=seeds, log=log, progress=progress)
+        if workers is None:
+            machine = _baselines(worker, log)
+            with Progress(trials, "search", quiet=quiet) as progress:
+                known, stats = loop.search(problem, study, build, worker, trials=trials, timeout_s=timeout_s,
+                                           seeds=seeds, log=log, progress=progress)
+            summary = _stats_lines(stats, worker)
+        else:
+            known, summary = _search_on_workers(problem, study, *workers, seeds=seeds, log=log, quiet=quiet)
+            machine = _baselines(worker, log)
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [])
     finally:
         worker.close()
-    log(f"variants: {stats.asked} asked, {stats.skipped} skipped by restrictions, {stats.duplicates} duplicates, "
-        f"{stats.built} built ({stats.build_failed} failed), {stats.correct} correct and timed; "
-        f"failures {stats.failures or 'none'}")
-    log(f"compile wall {stats.compile_wall_s:.1f} s, check+time wall {stats.evaluate_wall_s:.1f} s, "
-        f"worker restarts {worker.restarts}, problem wall {time.perf_counter() - t_start:.1f} s")
+    for line in summary:
+        log(line)
+    log(f"problem wall {time.perf_counter() - t_start:.1f} s")
     if decided is None:
         log(f"no correct variant found for {problem.key}")
         if report_dir is not None:
@@ -124,6 +134,41 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
     if report_dir is not None:
         write_report(study, problem, report_dir, r, log)
     return frz.Winner(v, r, machine)
+
+
+def _baselines(worker, log) -> dict:
+    """The machine, and the copy_ and PyTorch times the variants are measured against (logged)."""
+    machine = worker.machine()
+    base = worker.baselines()
+    log(f"{machine['gpu']}: copy_ of the same bytes {base['copy_ms']:.4f} ms, "
+        f"PyTorch eager {base['torch_ms']:.4f} ms ({base['copy_ms'] / base['torch_ms'] * 100:.0f}% of copy speed)")
+    return machine
+
+
+def _stats_lines(stats: loop.SearchStats, worker) -> list[str]:
+    return [f"variants: {stats.asked} asked, {stats.skipped} skipped by restrictions, {stats.duplicates} duplicates, "
+            f"{stats.built} built ({stats.build_failed} failed), {stats.correct} correct and timed; "
+            f"failures {stats.failures or 'none'}",
+            f"compile wall {stats.compile_wall_s:.1f} s, check+time wall {stats.evaluate_wall_s:.1f} s, "
+            f"worker restarts {worker.restarts}"]
+
+
+def _search_on_workers(problem: Problem, study, plan: Plan, gpus: list[str], *, seeds: tuple, log,
+                       quiet: bool) -> tuple[dict, list[str]]:
+    """The search of tune.py --workers: one worker process per GPU; returns what the study holds then."""
+    from search import parallel
+
+    if not st.measured(study, problem):
+        loop.enqueue_seeds(study, problem, seeds)  # once, here, before the workers race to do it
+    codes = parallel.run_workers(plan, gpus, study, log=log, quiet=quiet)
+    swept = st.sweep_stale(study)  # what a worker that died left running
+    known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study, problem).items()}
+    shares = parallel.measured_by(study)
+    each = ", ".join(f"{w or '(no worker)'} measured {n}" for w, n in sorted(shares.items()))
+    closed = f"; {len(swept)} trials left running were closed" if swept else ""
+    lines = [f"workers: {each}; exit codes {codes}{closed}",
+             f"variants: {len(known)} measured in the study, {sum(r.ok for _, r in known.values())} correct"]
+    return known, lines
 
 
 def write_report(study, problem: Problem, out_dir: Path, winner, log=print) -> Path | None:
@@ -163,16 +208,23 @@ def freeze_gated(winners: list[frz.Winner], out_dir: Path, generic: dict | None 
 
 def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampler: str, seed: int,
          storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print,
-         quiet: bool = False, report: Callable[[list[frz.Winner]], None] | None = None) -> int:
+         quiet: bool = False, report: Callable[[list[frz.Winner]], None] | None = None, workers: int = 1,
+         compile_timeout_s: float = builder.COMPILE_TIMEOUT_S, run_timeout_s: float = RUN_TIMEOUT_S) -> int:
     """Tune each problem and freeze the winners; 0 when every problem found a winner.
 
-    `quiet` hides the progress bar; `report`, when given, receives the winners at the end (for --json)."""
-    build = gpu_builder(runs_dir, jobs)
+    `quiet` hides the progress bar; `report`, when given, receives the winners at the end (for --json).
+    `workers` > 1 searches with one process per visible GPU on each problem's study."""
+    build = gpu_builder(runs_dir, jobs, compile_timeout_s)
     if storage is None:
         storage = st.default_storage(runs_dir)
     elif storage == "memory":
+        if workers > 1:
+            raise UserError("--workers needs a storage its workers share: leave --storage out (an SQLite file "
+                            "under --runs-dir), or give postgresql://... or journal:///FILE")
         storage = None
-    log(f"tuning {len(problems)} problem(s) on {gpu_arch()}; storage {storage or 'in memory'}")
+    gpus = _worker_gpus(workers) if workers > 1 else None
+    log(f"tuning {len(problems)} problem(s) on {gpu_arch()}"
+        + (f" with {workers} workers" if gpus else "") + f"; storage {storage or 'in memory'}")
     try:
         opened = st.open_storage(storage) if storage else None
     except st.StorageError as e:
@@ -180,9 +232,12 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     winners: list[frz.Winner] = []
     for p in problems:
         previous = previous_config(p, out_dir)
+        plan = Plan(p, storage, trials, sampler, seed, str(runs_dir), timeout_s, jobs, compile_timeout_s,
+                    run_timeout_s) if gpus else None
         w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=opened,
                          build=build, frozen=frozen_variant(p, out_dir), seeds=(previous,) if previous else (),
-                         log=log, quiet=quiet, report_dir=runs_dir / p.key)
+                         log=log, quiet=quiet, report_dir=runs_dir / p.key, run_timeout_s=run_timeout_s,
+                         workers=(plan, gpus) if gpus else None)
         if w is not None:
             winners.append(w)
     log("")
@@ -196,3 +251,16 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     if report is not None:
         report(winners)
     return 0 if len(winners) == len(problems) else 1
+
+
+def _worker_gpus(workers: int) -> list[str]:
+    """The GPUs of tune.py --workers N: the first N this process sees; UserError when there are fewer."""
+    import torch
+
+    from search import parallel
+
+    count = torch.cuda.device_count()
+    if workers > count:
+        raise UserError(f"--workers {workers} needs {workers} GPUs and {count} are visible: give --workers {count} "
+                        "or fewer (one worker per GPU)")
+    return parallel.visible_gpus(workers)

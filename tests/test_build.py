@@ -46,6 +46,26 @@ def test_compile_error_is_a_status_with_saved_log(tmp_path):
     assert not list((tmp_path / "k").glob("*.so"))
 
 
+def test_a_compile_past_its_timeout_is_killed_with_all_it_started(tmp_path):
+    import os
+    from pathlib import Path
+
+    # The host preprocessor nvcc starts blocks for good on a named pipe: nvcc alone is not what must die.
+    os.mkfifo(tmp_path / "never-written.h")
+    source = f'#include "{tmp_path / "never-written.h"}"\n'
+    b = build.compile_library("hang", source, "k", tmp_path, timeout_s=2.0)
+    assert b.status == "timeout" and b.log == "compile timeout: nvcc ran past 2 s and was killed"
+    assert not list((tmp_path / "k").glob("*.so")) and not list((tmp_path / "k").glob(".tmp-*"))
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(tmp_path).encode() in cmdline.read_bytes():
+                left.append(cmdline.parent.name)
+        except OSError:  # gone while we looked
+            pass
+    assert not left, f"processes of the killed compile still run: {left}"
+
+
 def test_ptxas_report_parsed():
     log = ("ptxas info    : Function properties for f\n"
            "    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"

@@ -20,7 +20,7 @@ def fake_nvcc(monkeypatch):
     """nvcc stand-in: writes a library to the -o path and a ptxas report; records each compile."""
     calls = []
 
-    def run(cmd, **kwargs):
+    def run(cmd, timeout_s):
         out = cmd[cmd.index("-o") + 1]
         calls.append(out)
         with open(out, "wb") as f:
@@ -28,7 +28,7 @@ def fake_nvcc(monkeypatch):
         return subprocess.CompletedProcess(cmd, 0, "ptxas info    : Used 32 registers\n", "")
 
     monkeypatch.setattr(build, "nvcc_path", lambda: "/fake/bin/nvcc")
-    monkeypatch.setattr(build.subprocess, "run", run)
+    monkeypatch.setattr(build, "_run_killable", run)
     return calls
 
 
@@ -91,8 +91,8 @@ def test_a_cached_build_is_not_confused_by_leftovers(tmp_path, fake_nvcc):
 
 def test_a_failed_compile_leaves_no_temp(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "nvcc_path", lambda: "/fake/bin/nvcc")
-    monkeypatch.setattr(build.subprocess, "run",
-                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 2, "", "error: undeclared"))
+    monkeypatch.setattr(build, "_run_killable",
+                        lambda cmd, timeout_s: subprocess.CompletedProcess(cmd, 2, "", "error: undeclared"))
     b = build.compile_library("tiny", SOURCE, "k", tmp_path)
     assert b.status == "compile_error"
     assert sorted(p.name for p in (tmp_path / "k").iterdir()) == ["tiny.cu", "tiny.error.log"]

@@ -52,6 +52,12 @@ CASES = [
     (f"tune.py {S} --storage sqlite:///nodir/x.db", 1, "cannot open storage sqlite:///nodir/x.db"),
     (f"tune.py {S} --storage sqlite:///notdb.db", 1, "file is not a database"),
     (f"tune.py {S} --storage postgresql://localhost:1/dwgen", 1, "cannot open storage postgresql://localhost:1"),
+    (f"tune.py {S} --storage journal://x.journal", 2, "'journal://x.journal' is not a storage dwgen can open"),
+    (f"tune.py {S} --storage journal:///nodir/x.journal", 1, "no folder for the journal file 'nodir/x.journal'"),
+    (f"tune.py {S} --workers 0", 2, "argument --workers: 0 is out of range: give an integer of at least 1"),
+    (f"tune.py {S} --workers 2 --storage memory", 1, "--workers needs a storage its workers share"),
+    (f"tune.py {S} --compile-timeout 0", 2, "argument --compile-timeout: 0 is not a positive, finite number"),
+    (f"tune.py {S} --run-timeout inf", 2, "argument --run-timeout: inf is not a positive, finite number"),
     (f"tune.py {S} --runs-dir afile", 2, "afile exists and is not a folder"),
     (f"tune.py {S} --out afile", 2, "afile exists and is not a folder"),
     ("tune.py --suite missing.txt", 2, "suite file missing.txt not found"),
@@ -130,7 +136,7 @@ def fake_gpu(monkeypatch):
         raise AssertionError("a bad input reached the build")
 
     monkeypatch.setattr(workflow, "gpu_arch", lambda: "sm_90")
-    monkeypatch.setattr(workflow, "gpu_builder", lambda runs_dir, jobs: no_build)
+    monkeypatch.setattr(workflow, "gpu_builder", lambda runs_dir, jobs, timeout_s=None: no_build)
 
 
 @pytest.mark.parametrize("command, rc, msg", CASES, ids=[c[0] for c in CASES])

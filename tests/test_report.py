@@ -121,7 +121,7 @@ def test_a_tune_writes_its_report_at_the_end_of_each_problem(tmp_path, monkeypat
     class FakeWorker(FakeEvaluator):
         restarts = 0
 
-        def __init__(self, problem):
+        def __init__(self, problem, timeout_s=None):
             super().__init__()
 
         def machine(self):
