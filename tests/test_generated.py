@@ -62,7 +62,8 @@ def test_builds_with_load_inline(tmp_path):
     """Compile the frozen module as a user's first call would (no GPU needed for the build), then check the
     registered ops: one-line errors from C++ for CPU tensors, and the fake implementations' shapes and
     memory orders (tests/op_registration_check.py)."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # a script by path: not on sys.path
+    # a script run by its path does not have the repository on sys.path
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, DWGEN_BUILD_DIR=str(tmp_path), PYTHONPATH=path)
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "op_registration_check.py")], cwd=ROOT, env=env,
                          capture_output=True, text=True)
