@@ -736,7 +736,6 @@ TORCH_LIBRARY_IMPL(dwgen, Autograd, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("install", &install);
-    m.def("forward", &forward_cuda);  // the op's CUDA kernel itself, for calls that need no dispatch
     m.def("launch", &launch);
     m.def("launch_backward", &launch_backward);
 }
