@@ -576,3 +576,14 @@ def test_training_matches_nn_conv1d_step_for_step(generated, monkeypatch, dtype,
     assert ref_losses[-1] < 0.7 * ref_losses[0], ref_losses  # it trains: equal losses of a stuck model say nothing
     worst = max(abs(a - r) / r for a, r in zip(our_losses, ref_losses, strict=True))
     assert worst <= TRAIN_TOL[dtype], (worst, our_losses, ref_losses)
+
+
+def test_double_backward_is_refused_in_one_line(generated):
+    """The backward op has no autograd of its own: create_graph=True through it says so, never returns a
+    second-order gradient that is silently zero."""
+    x = torch.randn(2, 8, 64, device="cuda", requires_grad=True)
+    w = torch.randn(8, 1, 3, device="cuda", requires_grad=True)
+    y = generated.depthwise_conv1d(x, w, padding=1)
+    with pytest.raises(RuntimeError, match="dwgen: depthwise_conv1d has no double backward") as e:
+        torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    assert "\n" not in str(e.value).strip()
