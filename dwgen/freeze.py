@@ -17,7 +17,7 @@ from dwgen import render
 from dwgen.dtypes import DTYPES
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import NVCC_FLAGS, Variant, generic_bwd_variants, generic_key, generic_variants, make_config, signature
+from dwgen.space import NVCC_FLAGS, Variant, generic_key, generic_variants, make_config, signature
 
 SCHEMA = 4  # 4: backward kernels beside the forward ones, the op registered in C++ (3: dtypes and layouts)
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "generated"
@@ -140,7 +140,7 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         entries[e["key"]] = e
     variants = {v.name: v for v in map(entry_variant, entries.values())}
     fast = generic_variants({k: c["config"] for k, c in chosen.items()})
-    fast_bwd = generic_bwd_variants()
+    fast_bwd = generic_variants(direction="bwd")
     for v in [*fast, *fast_bwd]:
         variants.setdefault(v.name, v)
     kernels = [_kernel_record(variants[n]) for n in sorted(variants)]
@@ -236,7 +236,7 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
     stale = [e["key"] for e in m["entries"] if entry_variant(e).digest != e["digest"]]
     # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
     fast_variants = generic_variants({k: c["config"] for k, c in m["generic"]["chosen"].items()})
-    bwd_variants = generic_bwd_variants()
+    bwd_variants = generic_variants(direction="bwd")
     variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *fast_variants, *bwd_variants]}
     for k in m["kernels"]:
         v = variants.get(k["name"])

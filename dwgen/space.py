@@ -205,33 +205,23 @@ def generic_problem(k: int, dtype: str = "fp32", layout: str = "bcl") -> Problem
     return Problem(1, 8, 4096, k, 1, (k - 1) // 2, 1, dtype, layout=layout)
 
 
-def generic_variants(chosen: dict[str, dict] | None = None) -> list[Variant]:
-    """The fast generic kernels, one per (dtype, layout, K); `chosen` maps a signature key to measured params."""
+def generic_variants(chosen: dict[str, dict] | None = None, direction: str = "fwd") -> list[Variant]:
+    """The fast generic kernels of a direction, one per (dtype, layout, K) at stride 1 and dilation 1;
+    `chosen` maps a signature key to measured params (else the family's default design)."""
     chosen = chosen or {}
     out = []
-    for (direction, layout), fam in FAMILIES.items():
-        if direction != "fwd":
+    for (fam_direction, layout), fam in FAMILIES.items():
+        if fam_direction != direction:
             continue
         for dtype in DTYPES:
             for k in GENERIC_KERNEL_SIZES:
                 p = generic_problem(k, dtype, layout)
                 params = chosen.get(generic_key(p))
                 config = fam.config_type(**params) if params else fam.module.generic_config(p)
-                if violations(p, config):
-                    raise ValueError(f"generic kernel {Variant(p, config).name} breaks {violations(p, config)}")
-                out.append(Variant(p, config))
-    return out
-
-
-def generic_bwd_variants() -> list[Variant]:
-    """The fused backward kernels for problems nobody tuned: one per (dtype, layout, K), stride 1, dilation 1."""
-    out = []
-    for layout in ("bcl", "blc"):
-        for dtype in DTYPES:
-            for k in GENERIC_KERNEL_SIZES:
-                p = generic_problem(k, dtype, layout)
-                fam = family_of(p, "bwd")
-                out.append(Variant(p, fam.module.generic_config(p), "bwd"))
+                if violations(p, config, direction):
+                    raise ValueError(f"generic kernel {Variant(p, config, direction).name} breaks "
+                                     f"{violations(p, config, direction)}")
+                out.append(Variant(p, config, direction))
     return out
 
 
