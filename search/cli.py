@@ -67,7 +67,7 @@ def parse_show_args(argv: list[str]) -> argparse.Namespace:
     ap = cli.OneLineParser(prog="tune.py show", description="List what generated/ holds: problem, dtype, "
                                  "layout, direction, kernel, ms, x copy, speedup over PyTorch, GPU, date.")
     ap.add_argument("problem", nargs="?", help="one problem: its key, the start of one key (e.g. 32x512x8192) "
-                    "or its kernel's name")
+                    "or its kernel's name; KEY_bwd for its backward entry alone")
     ap.add_argument("--source", action="store_true", help="print the problem's frozen CUDA kernel")
     ap.add_argument("--json", action="store_true", help="print the rows (and --source text) as JSON")
     ap.add_argument("--out", type=Path, default=ROOT / "generated", help="the frozen module to read (tune's --out)")
