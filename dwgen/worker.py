@@ -152,7 +152,8 @@ class _Bench:
 class _BwdBench:
     """The child's state for backward variants. Each is checked by check.check_backward (grad_x, grad_weight
     and grad_bias against float64 autograd, outputs NaN-filled) on the problem and the family's edge problems,
-    without and with SiLU; then its whole launch is timed, beside copy_ of the forward's bytes (the ratio the
+    without and with SiLU, and by check.check_backward_stream (its work on the stream it is given, as the
+    forward's check_stream); then its whole launch is timed, beside copy_ of the forward's bytes (the ratio the
     benchmark's backward rows give) and PyTorch's backward (autograd.grad through a retained graph)."""
 
     SEEDS = (0, 1)  # without SiLU
@@ -171,17 +172,11 @@ class _BwdBench:
 
     def operands(self) -> tuple:
         """x, w, b and grad_out of the problem (seed 0), the inputs every timed launch reads."""
-        import torch
-
         from dwgen import check
 
         if self._operands is None:
-            p = self.problem
-            x, w, b = check.make_inputs(p, 0)
-            g = torch.Generator(device=x.device).manual_seed(1000)
-            gy = check.in_layout(torch.randn(p.batch, p.channels, p.out_length, generator=g, device=x.device)
-                                 .to(x.dtype), p.layout)
-            self._operands = (x, w, b, gy)
+            x, w, b = check.make_inputs(self.problem, 0)
+            self._operands = (x, w, b, check.grad_output(self.problem, 0, x.device))
         return self._operands
 
     def outputs(self) -> tuple:
@@ -221,6 +216,10 @@ class _BwdBench:
                         return {"status": "wrong", "message": outcome.message,
                                 "max_rel_error": outcome.max_rel_error}
                     worst = max(worst, outcome.max_rel_error)
+            outcome = check.check_backward_stream(self.problem, lambda q, x, w, b, gy, gx, gw, gb: launcher.prepare(
+                q, gy, x, w, b, gx, gw, gb)())
+            if not outcome.ok:
+                return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
             x, w, b, gy = self.operands()
             t = self.timer.time(launcher.prepare(self.problem, gy, x, w, b, *self.outputs()))
         finally:

@@ -72,3 +72,31 @@ def test_a_forward_library_is_no_backward_kernel(tmp_path):
         assert worker.evaluate(Candidate(bwd, good.library), Result(bwd.name, bwd.digest, "ok", direction="bwd")).ok
     finally:
         worker.close()
+
+
+def test_the_stream_check_catches_a_backward_launched_elsewhere(tmp_path):
+    import torch
+
+    from dwgen import check
+    from dwgen.worker import BwdLauncher
+
+    p = Problem(4, 64, 1000)
+    v = enumerate_space(p, "bwd")[0]
+    (b,) = _built([v], tmp_path)
+    launcher = BwdLauncher(Candidate(v, b.library))
+    other = torch.cuda.Stream()
+
+    def on_its_stream(q, x, w, b, gy, gx, gw, gb):
+        launcher.prepare(q, gy, x, w, b, gx, gw, gb)()
+
+    def elsewhere(q, x, w, b, gy, gx, gw, gb):
+        with torch.cuda.stream(other):  # not the stream the caller gave it
+            launcher.prepare(q, gy, x, w, b, gx, gw, gb)()
+
+    try:
+        assert check.check_backward_stream(p, on_its_stream).ok
+        bad = check.check_backward_stream(p, elsewhere)
+        assert not bad.ok and "stream it was given" in bad.message
+    finally:
+        torch.cuda.synchronize()
+        launcher.unload()
