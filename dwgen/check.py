@@ -219,6 +219,36 @@ def backward_reference(p: Problem, x, w, b, gy, act: int):
     return (grads[0], grads[1], gb), (sx, sw, sb)
 
 
+def grad_output(p: Problem, seed: int, device: str = "cuda"):
+    """A random grad_out of the problem's output, in its layout, as the next layer would send it."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(1000 + seed)
+    return in_layout(torch.randn(p.batch, p.channels, p.out_length, generator=gen, device=device)
+                     .to(torch_dtype(p.dtype)), p.layout)
+
+
+def nan_gradients(p: Problem, x, w) -> tuple:
+    """NaN-filled grad_x (in x's layout), grad_weight and grad_bias for a backward to write."""
+    import torch
+
+    gx = in_layout(torch.full(x.shape, float("nan"), device=x.device, dtype=x.dtype), p.layout)
+    gw = torch.full(w.shape, float("nan"), device=x.device, dtype=x.dtype)
+    gb = torch.full((p.channels,), float("nan"), device=x.device, dtype=x.dtype)
+    return gx, gw, gb
+
+
+def _compare_gradients(p: Problem, got: tuple, x, w, b, gy, act: int, what_first: str) -> CheckOutcome:
+    refs, scales = backward_reference(p, x, w, b, gy, act)
+    worst = 0.0
+    for what, g, ref, scale in zip(("grad_x", "grad_weight", "grad_bias"), got, refs, scales, strict=True):
+        outcome = compare(p, g, ref, scale)
+        if not outcome.ok:
+            return CheckOutcome(False, f"{what_first}{what}: {outcome.message}", outcome.max_rel_error)
+        worst = max(worst, outcome.max_rel_error)
+    return CheckOutcome(True, "", worst)
+
+
 def check_backward(p: Problem, run: Callable, act: int = 0, seeds=(0, 1)) -> CheckOutcome:
     """Run `run(problem, x, w, b, gy, gx, gw, gb)` (outputs NaN-filled, gx in x's layout) and compare all three."""
     import torch
@@ -226,19 +256,46 @@ def check_backward(p: Problem, run: Callable, act: int = 0, seeds=(0, 1)) -> Che
     worst = 0.0
     for seed in seeds:
         x, w, b = make_inputs(p, seed)
-        gen = torch.Generator(device=x.device).manual_seed(1000 + seed)
-        gy = in_layout(torch.randn(p.batch, p.channels, p.out_length, generator=gen, device=x.device).to(x.dtype),
-                       p.layout)
-        gx = in_layout(torch.full(x.shape, float("nan"), device=x.device, dtype=x.dtype), p.layout)
-        gw = torch.full(w.shape, float("nan"), device=x.device, dtype=x.dtype)
-        gb = torch.full((p.channels,), float("nan"), device=x.device, dtype=x.dtype)
+        gy = grad_output(p, seed, x.device)
+        gx, gw, gb = nan_gradients(p, x, w)
         run(p, x, w, b, gy, gx, gw, gb)
         torch.cuda.synchronize()
-        refs, scales = backward_reference(p, x, w, b, gy, act)
-        for what, got, ref, scale in zip(("grad_x", "grad_weight", "grad_bias"), (gx, gw, gb), refs, scales,
-                                         strict=True):
-            outcome = compare(p, got, ref, scale)
-            if not outcome.ok:
-                return CheckOutcome(False, f"seed {seed} act {act}: {what}: {outcome.message}", outcome.max_rel_error)
-            worst = max(worst, outcome.max_rel_error)
+        outcome = _compare_gradients(p, (gx, gw, gb), x, w, b, gy, act, f"seed {seed} act {act}: ")
+        if not outcome.ok:
+            return outcome
+        worst = max(worst, outcome.max_rel_error)
     return CheckOutcome(True, "", worst)
+
+
+def check_backward_stream(p: Problem, run: Callable, act: int = 0) -> CheckOutcome:
+    """check_stream for the backward: its launch (both kernels, and any scratch it takes), captured into a
+    CUDA graph on a side stream, writes nothing before the replay, and the replay's gradients are right."""
+    import torch
+
+    x, w, b = make_inputs(p, 0)
+    gy = grad_output(p, 0, x.device)
+    gx, gw, gb = nan_gradients(p, x, w)
+    torch.cuda.synchronize()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    refused: Exception | None = None
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            run(p, x, w, b, gy, gx, gw, gb)
+        except Exception as e:  # a call the capture refuses (the legacy stream, a synchronisation): not sticky
+            refused = e
+        try:
+            graph.capture_end()
+        except RuntimeError as e:
+            refused = refused or e
+    torch.cuda.synchronize()
+    if refused is not None:
+        first = str(refused).strip().splitlines()[0] if str(refused).strip() else type(refused).__name__
+        return CheckOutcome(False, f"{p.key}: its launch failed while captured on the stream it was given: {first}",
+                            float("inf"))
+    if not all(bool(torch.isnan(g).all()) for g in (gx, gw, gb)):
+        return CheckOutcome(False, f"{p.key}: wrote its gradients outside the stream it was given (while its "
+                                   "launch was captured on that stream)", float("inf"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return _compare_gradients(p, (gx, gw, gb), x, w, b, gy, act, "graph replay: ")

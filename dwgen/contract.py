@@ -24,8 +24,16 @@ ARGS = {"fwd": LAUNCH_ARGS, "bwd": BWD_LAUNCH_ARGS}
 _CPP = {"in": "const void*", "out": "void*", "i64": "long long"}
 
 
+# What a backward variant's workspace function takes: long long dwgen_workspace_<name>(B, C, L, Lout, P).
+WORKSPACE_ARGS: tuple[str, ...] = ("B", "C", "L", "Lout", "P")
+
+
 def launch_symbol(name: str) -> str:
     return f"dwgen_launch_{name}"
+
+
+def workspace_symbol(name: str) -> str:
+    return f"dwgen_workspace_{name}"
 
 
 def cpp_params(direction: str = "fwd") -> str:

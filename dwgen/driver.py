@@ -43,7 +43,16 @@ class Library:
         """A launch with its arguments marshalled once; the stream is torch's current one at each call."""
         if len(values) != len(self._kinds) - 1:
             raise TypeError(f"{self.symbol} takes {len(self._kinds) - 1} arguments before the stream")
-        return Launch(self, [_CTYPES[k](_raw(v)) for k, v in zip(self._kinds, values, strict=False)])
+        return Launch(self, [_CTYPES[k](_raw(v)) for k, v in zip(self._kinds, values, strict=False)],
+                      [v for v in values if hasattr(v, "data_ptr")])
+
+    def workspace(self, symbol: str, *sizes: int) -> int:
+        """What another exported host function of the library returns for these sizes: a backward variant's
+        dwgen_workspace_<name>(B, C, L, Lout, P), the floats of scratch its launch needs (host code only)."""
+        fn = getattr(self._lib, symbol)
+        fn.argtypes = [ctypes.c_longlong] * len(sizes)
+        fn.restype = ctypes.c_longlong
+        return int(fn(*sizes))
 
     def unload(self) -> None:
         """Close the library now; a search loads thousands. Only after its last launch has finished."""
@@ -53,8 +62,10 @@ class Library:
 
 
 class Launch:
-    def __init__(self, lib: Library, args: list):
-        self.lib, self._args = lib, args
+    def __init__(self, lib: Library, args: list, tensors: list = ()):
+        # The tensors whose addresses the arguments hold stay alive as long as the launch (a scratch buffer
+        # made only for it, say).
+        self.lib, self._args, self._tensors = lib, args, list(tensors)
 
     def __call__(self) -> None:
         import torch

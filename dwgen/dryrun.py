@@ -9,7 +9,7 @@ from dwgen import build, render
 from dwgen.families import bcl, blc
 from dwgen.problem import Problem
 from dwgen.progress import Progress
-from dwgen.space import all_configs, enumerate_space, family_of, violations
+from dwgen.space import all_configs, direction_key, enumerate_space, family_of, violations
 
 # What a user can change when one restriction rules out every config; the others name themselves.
 _HINTS = {
@@ -23,31 +23,41 @@ _HINTS = {
 }
 
 
-def no_variant_reason(problem: Problem) -> str | None:
-    """Why the problem has no valid variant to build (the restrictions every config breaks); None when it has."""
+# The fused backward family is written for stride 1 (grad_x as a correlation with the taps reversed); the
+# frozen module runs the generic backward for every other stride, so there is nothing to tune there.
+BWD_STRIDE_ONE = "the fused backward is stride 1 only; other strides use the generic backward"
+
+
+def no_variant_reason(problem: Problem, direction: str = "fwd") -> str | None:
+    """Why the problem has no valid variant to build in a direction (the restrictions every config breaks);
+    None when it has."""
+    if direction == "bwd" and problem.stride != 1:
+        return BWD_STRIDE_ONE
     broken: set[str] | None = None
-    for c in all_configs(family_of(problem)):
-        bad = violations(problem, c)
+    for c in all_configs(family_of(problem, direction)):
+        bad = violations(problem, c, direction)
         if not bad:
             return None
         broken = set(bad) if broken is None else broken & set(bad)
     names = sorted(broken or ())
     why = "; ".join(_HINTS[n](problem) for n in names if n in _HINTS) or "each config breaks some restriction"
-    return f"no variant of {problem.key} can be built ({', '.join(names) or 'mixed restrictions'}): {why}"
+    what = problem.key if direction == "fwd" else f"the {direction} of {problem.key}"
+    return f"no variant of {what} can be built ({', '.join(names) or 'mixed restrictions'}): {why}"
 
 
 def dry_run(problem: Problem, arch: str, cache_dir: Path, jobs: int | None = None, limit: int | None = None,
             log=print, quiet: bool = False,
             report: Callable[[Problem, list[build.Build]], None] | None = None,
-            timeout_s: float = build.COMPILE_TIMEOUT_S) -> int:
-    """Compile every valid variant for `arch`; returns 0 when all built, 1 otherwise.
+            timeout_s: float = build.COMPILE_TIMEOUT_S, direction: str = "fwd") -> int:
+    """Compile every valid variant of a direction for `arch`; returns 0 when all built, 1 otherwise.
 
     `report`, when given, receives the builds (for --json)."""
-    variants = enumerate_space(problem)[:limit]
+    variants = enumerate_space(problem, direction)[:limit]
     if not variants:
-        log(no_variant_reason(problem) or f"{problem.key}: nothing to compile (limit {limit})")
+        log(no_variant_reason(problem, direction) or f"{problem.key}: nothing to compile (limit {limit})")
         return 1
-    log(f"{problem.key}: {len(variants)} valid variants, compiling for {arch} with nvcc {build.nvcc_version()}")
+    log(f"{direction_key(problem, direction)}: {len(variants)} valid variants, compiling for {arch} with nvcc "
+        f"{build.nvcc_version()}")
     t0 = time.perf_counter()
     jobs_ = [(v.name, render.render_variant(v), build.build_key(v.digest, arch)) for v in variants]
     failed_so_far = 0

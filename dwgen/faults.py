@@ -106,6 +106,10 @@ class FaultVariant:
         return self.base.config
 
     @property
+    def direction(self) -> str:
+        return self.base.direction
+
+    @property
     def name(self) -> str:
         return f"{self.base.name}_fault_{self.fault}"
 

@@ -17,7 +17,16 @@ from dwgen import render
 from dwgen.dtypes import DTYPES
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import NVCC_FLAGS, Variant, generic_key, generic_variants, make_config, signature
+from dwgen.space import (
+    DIRECTIONS,
+    NVCC_FLAGS,
+    Variant,
+    direction_key,
+    generic_key,
+    generic_variants,
+    make_config,
+    signature,
+)
 
 SCHEMA = 4  # 4: backward kernels beside the forward ones, the op registered in C++ (3: dtypes and layouts)
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "generated"
@@ -85,9 +94,14 @@ def _entry(w: Winner) -> dict:
     v, r = w.variant, w.result
     if not r.ok:
         raise FreezeError(f"{v.name} did not pass its check ({r.status}); only correct variants are frozen")
+    if r.direction != v.direction:
+        raise FreezeError(f"{v.name} is a {v.direction} kernel but its result was measured as {r.direction}")
     return {
         "problem": v.problem.to_dict(),
         "key": v.problem.key,
+        # fwd: the forward's kernel; bwd: the backward's (grad_x, grad_weight, grad_bias), beside the forward's
+        # entry of the same key. Manifests written before entries had a direction hold forward ones only.
+        "direction": v.direction,
         "kernel": v.name,
         "digest": v.digest,
         "config": v.config.to_dict(),
@@ -104,9 +118,23 @@ def _entry(w: Winner) -> dict:
     }
 
 
+def entry_direction(e: dict) -> str:
+    """fwd or bwd: which kernel of its problem an entry holds (fwd where the entry does not say)."""
+    return e.get("direction", "fwd")
+
+
 def entry_variant(e: dict) -> Variant:
-    p = Problem(**e["problem"])
-    return Variant(p, make_config(p, e["config"]))
+    p, direction = Problem(**e["problem"]), entry_direction(e)
+    return Variant(p, make_config(p, e["config"], direction), direction)
+
+
+def _entry_slot(e: dict) -> tuple[str, int]:
+    """Where an entry sorts and what it replaces: its problem's key, then the forward before the backward."""
+    return e["key"], DIRECTIONS.index(entry_direction(e))
+
+
+def _entry_label(e: dict) -> str:
+    return direction_key(entry_variant(e).problem, entry_direction(e))
 
 
 def _generic_choices(old: dict, new: dict | None) -> dict:
@@ -117,14 +145,15 @@ def _generic_choices(old: dict, new: dict | None) -> dict:
 
 
 def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generic: dict | None = None) -> dict:
-    """Merge winners into generated/ (a winner replaces the entry of the same problem) and return the manifest.
+    """Merge winners into generated/ (a winner replaces the entry of the same problem and direction) and return
+    the manifest.
 
     Entries carried over from the previous manifest are dropped when the current templates or flags
     would build a different kernel for them: their numbers no longer describe the code. `generic` maps
     generic_key -> {"config": ..., measurements} for fast generic kernels chosen by measurement.
     """
     out_dir = Path(out_dir)
-    entries: dict[str, dict] = {}
+    entries: dict[tuple[str, int], dict] = {}
     old = read_manifest(out_dir)
     if old and old.get("schema") != SCHEMA:
         log(f"dropping {len(old.get('entries', []))} entries of manifest schema {old.get('schema')}; re-tune them")
@@ -132,12 +161,12 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
     chosen = _generic_choices(old, generic)
     for e in old.get("entries", []):
         if entry_variant(e).digest == e["digest"]:
-            entries[e["key"]] = e
+            entries[_entry_slot(e)] = {**e, "direction": entry_direction(e)}
         else:
-            log(f"dropping stale entry {e['key']} ({e['kernel']}): the templates changed under it; re-tune it")
+            log(f"dropping stale entry {_entry_label(e)} ({e['kernel']}): the templates changed under it; re-tune it")
     for w in winners:
         e = _entry(w)
-        entries[e["key"]] = e
+        entries[_entry_slot(e)] = e
     variants = {v.name: v for v in map(entry_variant, entries.values())}
     fast = generic_variants({k: c["config"] for k, c in chosen.items()})
     fast_bwd = generic_variants(direction="bwd")
@@ -225,7 +254,8 @@ def _collect_garbage(out_dir: Path, manifest: dict) -> None:
 
 
 def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
-    """What no longer matches the current templates, flags and dispatch code: entry keys, kernel names,
+    """What no longer matches the current templates, flags and dispatch code: entry keys (with _bwd after a
+    backward entry's), kernel names,
     'generic', 'launcher', 'dispatch', 'layers', and 'sha256 <file>' for a file whose recorded digest it misses
     (the frozen module would refuse that file)."""
     m = read_manifest(out_dir)
@@ -233,7 +263,7 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         return []
     if m.get("schema") != SCHEMA:
         return [f"schema {m.get('schema')}"]
-    stale = [e["key"] for e in m["entries"] if entry_variant(e).digest != e["digest"]]
+    stale = [_entry_label(e) for e in m["entries"] if entry_variant(e).digest != e["digest"]]
     # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
     fast_variants = generic_variants({k: c["config"] for k, c in m["generic"]["chosen"].items()})
     bwd_variants = generic_variants(direction="bwd")

@@ -4,9 +4,11 @@ python -m dwgen.gate DIR imports the frozen module in DIR (building it), then fo
 tuned and generic, launches it through the module's own launcher on its problem and on the family's edge
 problems (odd lengths, tiny shapes, other padding and bias, a misaligned x where the family peels it), with
 the output NaN-poisoned inside NaN guard bands, and checks each against the float64 reference (a backward
-kernel's grad_x, grad_weight and grad_bias against float64 autograd, with and without SiLU). It also
-checks that each tuned problem dispatches to its kernel, and the generic kernels of every dtype, both ways. Exit 0
-only when every check passed; the tuner commits a manifest only then.
+kernel's grad_x, grad_weight and grad_bias against float64 autograd, with and without SiLU). A tuned kernel is
+checked on each problem it was tuned for (a backward one from tune.py --direction bwd on its own problem),
+any other on a problem of its signature. It also checks that each tuned problem dispatches to its kernel in
+its direction and computes right through the module's op, and the generic kernels of every dtype, both ways.
+Exit 0 only when every check passed; the tuner commits a manifest only then.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from dwgen import check
 from dwgen.problem import Problem
-from dwgen.space import Variant, make_config
+from dwgen.space import Variant, direction_key, make_config
 
 SEEDS = (0, 1)
 
@@ -92,28 +94,43 @@ def gate(mod, log=print) -> list[str]:
     ext = mod.build()
     failures: list[str] = []
     cache = check.ReferenceCache()
-    tuned = {e["kernel"]: Problem(**e["problem"]) for e in mod.MANIFEST["entries"]}
+    entries = [(e["kernel"], Problem(**e["problem"]), e.get("direction", "fwd")) for e in mod.MANIFEST["entries"]]
+    tuned: dict[str, list[Problem]] = {}  # kernel -> the problems it was tuned for (a name carries its direction)
+    for name, p, _ in entries:
+        tuned.setdefault(name, []).append(p)
     kernels = mod.MANIFEST["kernels"]
     for index, k in enumerate(kernels):
-        base = tuned.get(k["name"], signature_problem(k))
-        if k["direction"] == "bwd":
-            why = _gate_backward(ext, index, k, base)
-        else:
-            why = _gate_forward(ext, index, k, base, cache)
-        if why is not None:
-            failures.append(f"{k['name']}: {why}")
+        why = None
+        for base in tuned.get(k["name"]) or [signature_problem(k)]:
+            if k["direction"] == "bwd":
+                why = _gate_backward(ext, index, k, base)
+            else:
+                why = _gate_forward(ext, index, k, base, cache)
+            if why is not None:
+                failures.append(f"{k['name']}: {why}")
+                break
         log(f"[{index + 1:3d}/{len(kernels)}] {k['name']}: {'ok' if why is None else 'FAILED'}")
-    for name, p in tuned.items():
-        x, w, b = check.make_inputs(p, 0)
-        got = mod.kernel_for(x, w, b, p.stride, p.padding, p.dilation)
-        if got != name:
-            failures.append(f"{p.key} dispatches to {got}, not its tuned {name}")
-        with torch.no_grad():
-            outcome = check.check(p, lambda q, x, w, b, y: y.copy_(
-                mod.depthwise_conv1d(x, w, b, q.stride, q.padding, q.dilation)), seeds=(3,), cache=cache)
-        if not outcome.ok:
-            failures.append(f"depthwise_conv1d on {p.key}: {outcome.message}")
     op, op_bwd = torch.ops.dwgen.depthwise_conv1d.default, torch.ops.dwgen.depthwise_conv1d_backward.default
+    for name, p, direction in entries:
+        x, w, b = check.make_inputs(p, 0)
+        got = mod.kernel_for(x, w, b, p.stride, p.padding, p.dilation, direction=direction)
+        if got != name:
+            failures.append(f"{direction_key(p, direction)} dispatches to {got}, not its tuned {name}")
+        if direction == "fwd":
+            with torch.no_grad():
+                outcome = check.check(p, lambda q, x, w, b, y: y.copy_(
+                    mod.depthwise_conv1d(x, w, b, q.stride, q.padding, q.dilation)), seeds=(3,), cache=cache)
+            if not outcome.ok:
+                failures.append(f"depthwise_conv1d on {p.key}: {outcome.message}")
+            continue
+        for act in (0, 1):  # the backward op as autograd calls it, on the problem its kernel was tuned for
+            def run_op(q, x, w, b, gy, gx, gw, gb, act=act):
+                rx, rw, rb = op_bwd(gy, x, w, b, q.stride, q.padding, q.padding, q.dilation, act)
+                gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
+
+            outcome = check.check_backward(p, run_op, act=act, seeds=(3,))
+            if not outcome.ok:
+                failures.append(f"depthwise_conv1d_backward on {p.key}: {outcome.message}")
     for dtype in mod.MANIFEST["generic"]["scalar"]:
         for b_, c_, n_, k_, s_, p_, d_, bias, layout in GENERIC_PROBLEMS:
             p = Problem(b_, c_, n_, k_, s_, p_, d_, dtype, bias=bias, layout=layout)

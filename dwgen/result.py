@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from dwgen.space import DIRECTIONS
+
 # Statuses: only "ok" may be timed, chosen or frozen.
 STATUSES = ("ok", "skipped", "compile_error", "timeout", "wrong", "crashed", "launch_error")
 
@@ -22,10 +24,15 @@ class Result:
     spill_bytes: int = -1
     smem_bytes: int = -1
     compile_s: float = 0.0
+    # fwd: kernel_ms is the forward and torch_ms PyTorch's; bwd: the whole backward launch (grad_x, grad_weight
+    # and grad_bias) and PyTorch's autograd backward. Results stored before it was a field are forward ones.
+    direction: str = "fwd"
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}")
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"unknown direction {self.direction!r}")
 
     @property
     def ok(self) -> bool:

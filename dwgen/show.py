@@ -45,7 +45,7 @@ def winner_row(w: Winner, frozen: bool) -> dict:
     measured = {"kernel_ms": r.kernel_ms, "copy_ms": r.copy_ms, "torch_ms": r.torch_ms, "x_copy": r.x_copy,
                 "speedup_vs_torch": r.speedup}
     row = entry_row({"key": v.problem.key, "kernel": v.name, "digest": v.digest, "problem": v.problem.to_dict(),
-                     "measured": measured, "machine": w.machine})
+                     "direction": v.direction, "measured": measured, "machine": w.machine})
     del row["file"]  # named by the freeze, not known here
     return {**row, "frozen": frozen}
 
@@ -85,17 +85,24 @@ def generic_note(manifest: dict) -> str:
     return "untuned problems run " + " and ".join(parts) if parts else ""
 
 
-def find(manifest: dict, query: str) -> dict:
-    """The entry a user means: its key, the start of exactly one key (e.g. 32x512x8192), or its kernel's name."""
+def _label(entry: dict) -> str:
+    """An entry's key, with _bwd after a backward entry's (as tune.py --direction bwd names its tune)."""
+    direction = entry.get("direction", "fwd")
+    return entry["key"] if direction == "fwd" else f"{entry['key']}_{direction}"
+
+
+def find(manifest: dict, query: str) -> list[dict]:
+    """The entries a user means: one problem's (its forward and its backward entry, when both are tuned), found
+    by its key, the start of exactly one key (e.g. 32x512x8192) or its kernel's name; KEY_bwd, the backward's."""
     entries = manifest.get("entries", [])
-    exact = [e for e in entries if query in (e["key"], e["kernel"])]
+    exact = [e for e in entries if query in (e["key"], _label(e), e["kernel"])]
     matches = exact or [e for e in entries if e["key"].startswith(query)]
-    if len(matches) == 1:
-        return matches[0]
+    keys = list(dict.fromkeys(e["key"] for e in matches))
+    if len(keys) == 1:
+        return matches
     if not matches:
         raise ShowError(f"generated/ holds no tuned problem {query!r}; `tune.py show` lists them")
-    raise ShowError(f"{query!r} matches {len(matches)} problems ({', '.join(e['key'] for e in matches)}); "
-                    "give more of the key")
+    raise ShowError(f"{query!r} matches {len(keys)} problems ({', '.join(keys)}); give more of the key")
 
 
 def source(out_dir: Path, row: dict) -> str:
@@ -114,14 +121,14 @@ def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, 
     if with_source and query is None:
         raise ShowError("--source needs a problem: `tune.py show PROBLEM --source`")
     kernels = {k["name"]: k for k in manifest.get("kernels", [])}
-    rs = [entry_row(find(manifest, query), kernels)] if query is not None else rows(manifest)
+    rs = [entry_row(e, kernels) for e in find(manifest, query)] if query is not None else rows(manifest)
     if with_source:
         for r in rs:
             r["source"] = source(out_dir, r)
     if as_json:
         return json.dumps(rs, indent=2)
-    if with_source:
-        return rs[0]["source"].rstrip("\n")
+    if with_source:  # a problem's forward kernel, then its backward one (each source names itself first)
+        return "\n\n".join(r["source"].rstrip("\n") for r in rs)
     if not rs:
         return f"{out_dir} holds no tuned problem yet; {generic_note(manifest)}"
     return table(rs) + ("" if query else f"\n{generic_note(manifest)}")

@@ -62,6 +62,14 @@ FAMILIES: dict[tuple[str, str], Family] = {
 DIRECTIONS = ("fwd", "bwd")
 
 
+def direction_key(p: Problem, direction: str = "fwd") -> str:
+    """What a tune of p in a direction is named by (its study, its runs folder, its report): the problem's key
+    for the forward, with `_bwd` after it for the backward (as the benchmark names its backward rows)."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"unknown direction {direction!r}: choose one of {', '.join(DIRECTIONS)}")
+    return p.key if direction == "fwd" else f"{p.key}_{direction}"
+
+
 def family_of(p: Problem, direction: str = "fwd") -> Family:
     return FAMILIES[(direction, p.layout)]
 
@@ -185,13 +193,13 @@ def all_configs(family: Family):
         yield family.config_type(**dict(zip(names, values, strict=True)))
 
 
-def enumerate_space(p: Problem) -> list[Variant]:
-    """Every valid variant for a problem, in a fixed order."""
-    return [Variant(p, c) for c in all_configs(family_of(p)) if not violations(p, c)]
+def enumerate_space(p: Problem, direction: str = "fwd") -> list[Variant]:
+    """Every valid variant for a problem in a direction, in a fixed order."""
+    return [Variant(p, c, direction) for c in all_configs(family_of(p, direction)) if not violations(p, c, direction)]
 
 
-def known_good(p: Problem) -> list:
-    return [c for c in family_of(p).module.KNOWN_GOOD if not violations(p, c)]
+def known_good(p: Problem, direction: str = "fwd") -> list:
+    return [c for c in family_of(p, direction).module.KNOWN_GOOD if not violations(p, c, direction)]
 
 
 # The frozen module's fast path for problems nobody tuned: one kernel per (dtype, layout, K) for stride 1

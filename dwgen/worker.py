@@ -41,6 +41,31 @@ class Launcher:
         self.lib.unload()
 
 
+class BwdLauncher:
+    """A backward variant's loaded library: its launch (both kernels: grad_x with per-tile partial sums, then
+    the fixed-order sum of those into grad_weight and grad_bias) with the scratch that launch needs."""
+
+    def __init__(self, cand: Candidate):
+        from dwgen import contract
+        from dwgen.driver import Library
+
+        self.variant = cand.variant
+        self.lib = Library(cand.library, contract.launch_symbol(cand.variant.name), contract.kinds("bwd"))
+        self._workspace = contract.workspace_symbol(cand.variant.name)
+
+    def prepare(self, q: Problem, gy, x, w, b, gx, gw, gb, act: int = 0):
+        """One launch on problem q's tensors, with a scratch of its own (not zeroed: the kernels need none)."""
+        import torch
+
+        floats = self.lib.workspace(self._workspace, q.batch, q.channels, q.length, q.out_length, q.padding)
+        work = torch.empty(max(1, floats), device=x.device, dtype=torch.float32)
+        return self.lib.prepare(gy, x, w, b, gx, gw, gb, work, q.batch, q.channels, q.length, q.out_length,
+                                q.padding, act)
+
+    def unload(self) -> None:
+        self.lib.unload()
+
+
 # ---- child side -------------------------------------------------------------------------------------
 
 
@@ -124,6 +149,107 @@ class _Bench:
         return {k: t.median_ms for k, t in timings.items()}
 
 
+class _BwdBench:
+    """The child's state for backward variants. Each is checked by check.check_backward (grad_x, grad_weight
+    and grad_bias against float64 autograd, outputs NaN-filled) on the problem and the family's edge problems,
+    without and with SiLU, and by check.check_backward_stream (its work on the stream it is given, as the
+    forward's check_stream); then its whole launch is timed, beside copy_ of the forward's bytes (the ratio the
+    benchmark's backward rows give) and PyTorch's backward (autograd.grad through a retained graph)."""
+
+    SEEDS = (0, 1)  # without SiLU
+    SILU_SEEDS = (2,)  # with it: one seed
+
+    def __init__(self, problem: Problem):
+        import torch
+
+        from dwgen import bench
+
+        torch.cuda.init()
+        self.problem = problem
+        self.timer = bench.Timer(flush=bench.needs_flush(problem))
+        self._operands = None
+        self._baselines: dict | None = None
+
+    def operands(self) -> tuple:
+        """x, w, b and grad_out of the problem (seed 0), the inputs every timed launch reads."""
+        from dwgen import check
+
+        if self._operands is None:
+            x, w, b = check.make_inputs(self.problem, 0)
+            self._operands = (x, w, b, check.grad_output(self.problem, 0, x.device))
+        return self._operands
+
+    def outputs(self) -> tuple:
+        """Fresh grad_x (empty_like keeps x's layout), grad_weight and grad_bias for one launcher to write."""
+        import torch
+
+        x, w, _, _ = self.operands()
+        return torch.empty_like(x), torch.empty_like(w), torch.empty(w.shape[0], device=x.device, dtype=x.dtype)
+
+    def baselines(self) -> dict:
+        from dwgen import bench
+
+        if self._baselines is None:
+            p = self.problem
+            x, w, b, gy = self.operands()
+            copy = self.timer.time(bench.copy_operands(p))
+            eager = self.timer.time(bench.torch_backward_operands(p, x, w, b, gy))
+            self._baselines = {"copy_ms": copy.median_ms, "torch_ms": eager.median_ms}
+        return self._baselines
+
+    def evaluate(self, cand: Candidate) -> dict:
+        import torch
+
+        from dwgen import check
+
+        v = cand.variant
+        launcher = BwdLauncher(cand)
+        try:
+            worst = 0.0
+            for q in [self.problem, *v.edge_problems()]:
+                for act, seeds in ((0, self.SEEDS), (1, self.SILU_SEEDS)):
+                    def run(q_, x, w, b, gy, gx, gw, gb, act=act):
+                        launcher.prepare(q_, gy, x, w, b, gx, gw, gb, act)()
+
+                    outcome = check.check_backward(q, run, act=act, seeds=seeds)
+                    if not outcome.ok:
+                        return {"status": "wrong", "message": outcome.message,
+                                "max_rel_error": outcome.max_rel_error}
+                    worst = max(worst, outcome.max_rel_error)
+            outcome = check.check_backward_stream(self.problem, lambda q, x, w, b, gy, gx, gw, gb: launcher.prepare(
+                q, gy, x, w, b, gx, gw, gb)())
+            if not outcome.ok:
+                return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
+            x, w, b, gy = self.operands()
+            t = self.timer.time(launcher.prepare(self.problem, gy, x, w, b, *self.outputs()))
+        finally:
+            torch.cuda.synchronize()  # the module must outlive its last launch
+            launcher.unload()
+        return {"status": "ok", "kernel_ms": t.median_ms, "reps": t.reps, "max_rel_error": worst,
+                **self.baselines()}
+
+    def retime(self, cands: list[Candidate], rounds: int) -> dict:
+        """Re-time the finalists interleaved with copy_ and PyTorch's backward; returns medians by name."""
+        import torch
+
+        from dwgen import bench
+
+        p = self.problem
+        x, w, b, gy = self.operands()
+        fns = {"copy_": bench.copy_operands(p), "torch": bench.torch_backward_operands(p, x, w, b, gy)}
+        launchers = []
+        try:
+            for c in cands:
+                launchers.append(BwdLauncher(c))
+                fns[c.variant.name] = launchers[-1].prepare(p, gy, x, w, b, *self.outputs())
+            timings = self.timer.time_interleaved(fns, rounds)
+        finally:
+            torch.cuda.synchronize()
+            for launcher in launchers:
+                launcher.unload()
+        return {k: t.median_ms for k, t in timings.items()}
+
+
 def machine_info() -> dict:
     """Where a number was measured: GPU, capability, driver, torch and CUDA versions, date."""
     import datetime
@@ -149,9 +275,9 @@ def machine_info() -> dict:
     }
 
 
-def _serve(conn, problem: Problem) -> None:
+def _serve(conn, problem: Problem, direction: str = "fwd") -> None:
     try:
-        bench = _Bench(problem)
+        bench = _Bench(problem) if direction == "fwd" else _BwdBench(problem)
     except Exception:
         conn.send(("fatal", traceback.format_exc()))
         return
@@ -195,6 +321,8 @@ class WorkerDied(RuntimeError):
 class GpuWorker:
     """Runs evaluations in a spawned child; a crash, hang or CUDA error costs one variant, not the search."""
 
+    direction = "fwd"  # whose variants the child checks and times
+
     def __init__(self, problem: Problem, timeout_s: float = RUN_TIMEOUT_S):
         self.problem, self.timeout_s = problem, timeout_s
         self._ctx = mp.get_context("spawn")
@@ -209,7 +337,7 @@ class GpuWorker:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.problem), daemon=True)
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.problem, self.direction), daemon=True)
         self._proc.start()
         self.starts += 1
         child.close()
@@ -278,3 +406,9 @@ class GpuWorker:
             except (BrokenPipeError, OSError):
                 pass
         self._kill()
+
+
+class BwdGpuWorker(GpuWorker):
+    """The same worker for backward variants: each checked with check.check_backward, timed as its whole launch."""
+
+    direction = "bwd"

@@ -111,6 +111,8 @@ def _entry_problem(e) -> str | None:
         return "a size of its problem is not a positive int"
     if p.get("dtype") not in _DTYPES.values() or p.get("layout") not in _LAYOUTS or type(p.get("bias")) is not bool:
         return "its problem's dtype, layout or bias is not one this module knows"
+    if e.get("direction", "fwd") not in _DIRECTIONS:  # entries written before they had one are forward ones
+        return "its direction is not fwd or bwd"
     machine = e.get("machine")
     if not isinstance(machine, dict) or not isinstance(machine.get("capability"), str) or not _CAPABILITY.fullmatch(
             machine["capability"]):
@@ -129,6 +131,7 @@ class Tables:
 
     kernels: dict = field(default_factory=dict)  # name -> (index in the launcher, kernel record)
     tuned: dict = field(default_factory=dict)  # problem key -> kernel name
+    tuned_bwd: dict = field(default_factory=dict)  # problem key -> backward kernel name (tune.py --direction bwd)
     fast: dict = field(default_factory=dict)  # dtype_layout_kK -> kernel name
     fast_bwd: dict = field(default_factory=dict)  # the same, for the backward
     dropped: list = field(default_factory=list)  # names of kernels that are not built: a stub stands in
@@ -143,8 +146,9 @@ def _trusted(m: dict, here: Path, capability: str | None) -> Tables:
     generic scalar kernel). A tuned entry is used when well-formed, its kernel is trusted and it was
     measured on this GPU architecture (`capability`, None when unknown): a kernel compiles and runs
     correctly anywhere, but tuning measured on another architecture says nothing about this one, so such
-    an entry falls back to the generic kernel of its dtype, layout and K. The generic designs are chosen
-    to be good everywhere and are kept. The digests catch edits and corruption, not a forger who rewrites
+    an entry falls back to the generic kernel of its dtype, layout and K. A backward entry goes to the
+    tuned_bwd table, a forward one to tuned; each must name a kernel of its direction. The generic designs
+    are chosen to be good everywhere and are kept. The digests catch edits and corruption, not a forger who rewrites
     both a file and the manifest."""
     t = Tables()
     launcher = (here / m["launcher"]).read_text() if (here / m["launcher"]).exists() else ""
@@ -167,13 +171,14 @@ def _trusted(m: dict, here: Path, capability: str | None) -> Tables:
         why = _entry_problem(e)
         if why is None and e["kernel"] not in t.kernels:
             continue  # its kernel was refused above, with a warning
-        if why is None and t.kernels[e["kernel"]][1]["direction"] != "fwd":
-            why = "its kernel is not a forward kernel"
+        direction = e.get("direction", "fwd") if why is None else None
+        if why is None and t.kernels[e["kernel"]][1]["direction"] != direction:
+            why = f"its kernel is not a {'forward' if direction == 'fwd' else 'backward'} kernel"
         if why is None and capability is not None and e["machine"]["capability"] != capability:
             foreign.add(e["machine"]["capability"])
             continue
         if why is None:
-            t.tuned[tuple(e["problem"][f] for f in _KEY_FIELDS)] = e["kernel"]
+            (t.tuned if direction == "fwd" else t.tuned_bwd)[tuple(e["problem"][f] for f in _KEY_FIELDS)] = e["kernel"]
         else:
             t.warnings.append(f"dwgen: a tuned entry of generated/ is not used: {why}; its problem runs the "
                               "generic kernel")
@@ -335,13 +340,14 @@ def _choice_row(t: Tables, name: str) -> list[int]:
 
 
 def _table_rows(t: Tables) -> tuple[list[list[int]], list[list[int]]]:
-    """The trusted tables as the C++ dispatcher takes them (dtype and layout numbered)."""
+    """The trusted tables as the C++ dispatcher takes them (direction, dtype and layout numbered)."""
     tuned = []
-    for key, name in t.tuned.items():
-        f = dict(zip(_KEY_FIELDS, key, strict=True))
-        tuned.append([f["batch"], f["channels"], f["length"], f["kernel_size"], f["stride"], f["padding"],
-                      f["dilation"], _DTYPE_INDEX[f["dtype"]], int(f["bias"]), _LAYOUT_INDEX[f["layout"]],
-                      *_choice_row(t, name)])
+    for direction, table in ((0, t.tuned), (1, t.tuned_bwd)):
+        for key, name in table.items():
+            f = dict(zip(_KEY_FIELDS, key, strict=True))
+            tuned.append([direction, f["batch"], f["channels"], f["length"], f["kernel_size"], f["stride"],
+                          f["padding"], f["dilation"], _DTYPE_INDEX[f["dtype"]], int(f["bias"]),
+                          _LAYOUT_INDEX[f["layout"]], *_choice_row(t, name)])
     fast = []
     for direction, table in ((0, t.fast), (1, t.fast_bwd)):
         for key, name in table.items():
@@ -440,8 +446,9 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     if layout is None:
         return generic
     name = None
-    if direction == "fwd" and left == right:
-        name = t.tuned.get((*x.shape, k, stride, left, dilation, dtype, bias is not None, layout))
+    if left == right:
+        name = (t.tuned if direction == "fwd" else t.tuned_bwd).get(
+            (*x.shape, k, stride, left, dilation, dtype, bias is not None, layout))
     if name is None and stride == 1 and dilation == 1:
         name = (t.fast if direction == "fwd" else t.fast_bwd).get(f"{dtype}_{layout}_k{k}")
     if name is None or x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:

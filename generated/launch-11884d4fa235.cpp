@@ -375,8 +375,8 @@ struct Choice {
 constexpr int MAX_K = 9;  // the fast generic kernels cover K 1..MAX_K
 struct Tables {
     bool installed = false;
-    std::unordered_map<std::string, Choice> tuned;  // forward problem key -> kernel
-    Choice fast[2][3][2][MAX_K + 1];                 // [direction][dtype][layout][K]
+    std::unordered_map<std::string, Choice> tuned[2];  // [direction] problem key -> kernel
+    Choice fast[2][3][2][MAX_K + 1];                    // [direction][dtype][layout][K]
 };
 constexpr int MAX_DEVICES = 64;
 std::array<Tables, MAX_DEVICES> TABLES;
@@ -395,18 +395,22 @@ Choice choice_of(const std::vector<int64_t>& row, size_t at) {
                   row[at + 3] != 0};
 }
 
-// Installed by the Python side after its manifest checks. tuned rows: B, C, L, K, S, P, D, dtype, bias,
-// layout, then the choice (index, align, channel multiple, peels); fast rows: direction, dtype, layout, K,
-// then the choice.
+// Installed by the Python side after its manifest checks. tuned rows: direction (0 forward, 1 backward), B,
+// C, L, K, S, P, D, dtype, bias, layout, then the choice (index, align, channel multiple, peels); fast rows:
+// direction, dtype, layout, K, then the choice.
 void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
              const std::vector<std::vector<int64_t>>& fast) {
     TORCH_CHECK(device >= 0 && device < MAX_DEVICES, "dwgen: device ", device, " is past the ", MAX_DEVICES, " supported");
     const std::lock_guard<std::mutex> lock(INSTALL);
     Tables t;
     for (const auto& r : tuned) {
-        TORCH_CHECK(r.size() == 14, "dwgen: a tuned table row has ", r.size(), " fields");
-        t.tuned[tuned_key(r[0], r[1], r[2], r[3], r[4], r[5], r[6], static_cast<int>(r[7]), r[8] != 0,
-                          static_cast<int>(r[9]))] = choice_of(r, 10);
+        TORCH_CHECK(r.size() == 15, "dwgen: a tuned table row has ", r.size(), " fields");
+        TORCH_CHECK(r[0] == 0 || r[0] == 1, "dwgen: a tuned table row has direction ", r[0]);
+        const Choice c = choice_of(r, 11);
+        TORCH_CHECK((r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: tuned kernel ", c.index,
+                    " has the wrong direction");
+        t.tuned[r[0]][tuned_key(r[1], r[2], r[3], r[4], r[5], r[6], r[7], static_cast<int>(r[8]), r[9] != 0,
+                                static_cast<int>(r[10]))] = c;
     }
     for (const auto& r : fast) {
         TORCH_CHECK(r.size() == 8 && r[0] >= 0 && r[0] < 2 && r[1] >= 0 && r[1] < 3 && r[2] >= 0 && r[2] < 2 &&
@@ -415,7 +419,6 @@ void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
         TORCH_CHECK((r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: kernel ", c.index, " has the wrong direction");
         t.fast[r[0]][r[1]][r[2]][r[3]] = c;
     }
-    for (const auto& kv : t.tuned) TORCH_CHECK(KERNELS[kv.second.index].fwd != nullptr, "dwgen: a tuned entry is not a forward kernel");
     t.installed = true;
     TABLES[device] = std::move(t);
 }
@@ -487,11 +490,27 @@ Choice choose_fwd(const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t 
     const int dt = dtype_index(x.scalar_type());
     Choice c;
     if (pl == pr) {
-        const auto it = t.tuned.find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, D, dt, bias, layout));
-        if (it != t.tuned.end()) c = it->second;
+        const auto it = t.tuned[0].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, D, dt, bias, layout));
+        if (it != t.tuned[0].end()) c = it->second;
     }
     if (c.index < 0 && S == 1 && D == 1 && K <= MAX_K) c = t.fast[0][dt][layout][K];
     return fits(c, x, nullptr, Lout) ? c : Choice{};
+}
+
+// The backward of a tuned problem (tune.py --direction bwd) runs its tuned kernel, else stride 1 and dilation
+// 1 run the fused kernel of the dtype, layout and K; grad_out must have x's layout and alignment too.
+Choice choose_bwd(const at::Tensor& gy, const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t pl, int64_t pr,
+                  int64_t D, int layout, int64_t Lout) {
+    if (layout < 0 || layout_of(gy) != layout) return Choice{};
+    const Tables& t = tables_for(x);
+    const int dt = dtype_index(x.scalar_type());
+    Choice c;
+    if (pl == pr) {
+        const auto it = t.tuned[1].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, D, dt, bias, layout));
+        if (it != t.tuned[1].end()) c = it->second;
+    }
+    if (c.index < 0 && S == 1 && D == 1 && K <= MAX_K) c = t.fast[1][dt][layout][K];
+    return fits(c, x, &gy, Lout) ? c : Choice{};
 }
 
 at::Tensor forward_cuda(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t S,
@@ -557,11 +576,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(const at::Tensor& g
     const void* bp = bc.has_value() ? bc->data_ptr() : nullptr;
     void* stream = c10::cuda::getCurrentCUDAStream().stream();
     const auto floats = x.options().dtype(at::kFloat);
-    Choice c;
-    if (layout >= 0 && S == 1 && D == 1 && K <= MAX_K && layout_of(gy) == layout) {
-        c = tables_for(x).fast[1][dtype_index(x.scalar_type())][layout][K];
-        if (!fits(c, x, &gy, Lout)) c = Choice{};
-    }
+    const Choice c = choose_bwd(gy, x, K, b.has_value(), S, pl, pr, D, layout, Lout);
     if (c.index >= 0) {
         const Kernel& k = KERNELS[c.index];
         at::Tensor work = at::empty({k.workspace(x.size(0), C, x.size(2), Lout, pl)}, floats);

@@ -3,6 +3,7 @@
 #   smoke   GPU variant checks only (fast; stops the session early when a kernel is wrong)
 #   tune    cold tune of the target shape (the README's command)
 #   tunecheck  the same, without touching generated/
+#   tunebwd the target shape's backward (tune.py --direction bwd), frozen beside its forward through the gate
 #   generic choose the fast generic kernel of each (dtype, layout, K) by measurement (frozen into generated/)
 #   suite   cold tune of benchmarks/suite.txt, frozen together (through the gate)
 #   gate    python -m dwgen.gate on generated/ (every frozen kernel through the built module)
@@ -13,6 +14,8 @@
 #   frozentests  the frozen module's tests alone (random problems, edge inputs, memcheck)
 #   kerneltests  the search-side GPU tests alone (sampled variants through the gate, a crashing variant,
 #           every fault of dwgen.faults in one search)
+#   bwdtests  the backward tuning's GPU tests (sampled backward variants through the worker, a small tune
+#           frozen into a copy of generated/ and dispatched)
 #   SUITE_WORKERS=N makes the suite step search with one worker process per GPU (tune.py --workers N)
 #   build   the first build of generated/, timed
 #   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
@@ -34,6 +37,7 @@ for step in "$@"; do
     smoke) timed smoke python3 -m pytest -q -x tests/gpu/test_variants_gpu.py || exit 1 ;;
     tune) rm -rf runs; timed tune python3 tune.py --shape 32x512x8192 ;;
     tunecheck) rm -rf runs; timed tunecheck python3 tune.py --shape 32x512x8192 --no-freeze ;;
+    tunebwd) timed tunebwd python3 tune.py --shape 32x512x8192 --direction bwd ;;
     generic) timed generic python3 -m search.generic ${GENERIC_ARGS:-} ;;
     gate) timed gate python3 -m dwgen.gate ;;
     suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} \
@@ -50,6 +54,7 @@ for step in "$@"; do
     probe) timed probe python3 scripts/probe-train.py ;;
     some) timed some python3 -m pytest -q -rs ${TEST_FILES:-tests/gpu} ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
+    bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   tar czf "$OUT/results.tgz" generated benchmarks 2>/dev/null  # after every step: a later time-out loses only that step

@@ -26,6 +26,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     problem_flags = add_problem_arguments(ap)
     ap.add_argument("--suite", type=Path, help="file of problems, one per line in these flags, e.g. "
                     "'--shape 16x1024x4096 --kernel-size 7'; all are tuned and frozen into one manifest")
+    ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd",
+                    help="which kernels to tune: fwd, the forward (default), or bwd, the fused backward (grad_x, "
+                    "grad_weight and grad_bias; stride 1), frozen beside the forward")
     ap.add_argument("--trials", type=cli.int_range(1), default=120, help="new variants to build and evaluate")
     ap.add_argument("--timeout", type=cli.positive_seconds, default=None,
                     help="stop searching after this many seconds")
@@ -67,7 +70,7 @@ def parse_show_args(argv: list[str]) -> argparse.Namespace:
     ap = cli.OneLineParser(prog="tune.py show", description="List what generated/ holds: problem, dtype, "
                                  "layout, direction, kernel, ms, x copy, speedup over PyTorch, GPU, date.")
     ap.add_argument("problem", nargs="?", help="one problem: its key, the start of one key (e.g. 32x512x8192) "
-                    "or its kernel's name")
+                    "or its kernel's name; KEY_bwd for its backward entry alone")
     ap.add_argument("--source", action="store_true", help="print the problem's frozen CUDA kernel")
     ap.add_argument("--json", action="store_true", help="print the rows (and --source text) as JSON")
     ap.add_argument("--out", type=Path, default=ROOT / "generated", help="the frozen module to read (tune's --out)")
@@ -140,9 +143,9 @@ def main(argv: list[str]) -> int:
         from dwgen.dryrun import no_variant_reason
 
         for p in problems:
-            reason = no_variant_reason(p)
+            reason = no_variant_reason(p, a.direction)
             if reason:
-                raise ProblemError(reason)
+                raise ProblemError(reason if len(problems) == 1 or p.key in reason else f"{p.key}: {reason}")
     except ProblemError as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 2
@@ -157,14 +160,14 @@ def main(argv: list[str]) -> int:
         if a.dry_run:
             rc = max([dry_run(p, arch=a.arch, cache_dir=a.runs_dir / "build", jobs=a.jobs, quiet=a.quiet, log=log,
                               report=lambda q, builds: rows.extend(build_rows(q, builds)),
-                              timeout_s=a.compile_timeout) for p in problems])
+                              timeout_s=a.compile_timeout, direction=a.direction) for p in problems])
         else:
             rc = workflow.tune(problems, trials=a.trials, timeout_s=a.timeout, sampler=a.sampler, seed=a.seed,
                                storage=a.storage, runs_dir=a.runs_dir, out_dir=a.out, freeze=not a.no_freeze,
                                jobs=a.jobs, quiet=a.quiet, log=log,
                                report=lambda ws: rows.extend(winner_row(w, frozen=not a.no_freeze) for w in ws),
                                workers=a.workers, compile_timeout_s=a.compile_timeout,
-                               run_timeout_s=a.run_timeout)
+                               run_timeout_s=a.run_timeout, direction=a.direction)
     except (workflow.UserError, ToolchainError) as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 1

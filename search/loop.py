@@ -69,7 +69,7 @@ def build_result(v: Variant, b: Build) -> Result:
     status = "ok" if b.ok else b.status
     msg = "" if b.ok else f"{failure_line(b.log)} (source and log beside {b.log_path})"
     return Result(v.name, v.digest, status, message=msg, registers=b.registers, spill_bytes=b.spill_bytes,
-                  smem_bytes=b.smem_bytes, compile_s=b.seconds)
+                  smem_bytes=b.smem_bytes, compile_s=b.seconds, direction=v.direction)
 
 
 def search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Evaluator, *, trials: int,
@@ -148,7 +148,8 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
     swept = st.sweep_stale(study)
     if swept:
         log(f"closed {len(swept)} trials a stopped tuner left running (unmeasured ones are asked again)")
-    known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study, problem).items()}
+    direction = st.study_direction(study)  # fwd or bwd: which family's variants this study measures
+    known = {d: (Variant(problem, c, direction), r) for d, (c, r) in st.measured(study, problem).items()}
     if known:
         log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
     else:
@@ -157,7 +158,7 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
     known.update({v.digest: (v, extras_done[v.digest]) for v in extra if v.digest in extras_done})
     _evaluate_extras(study, build, evaluator, extra, known, stats, worker, log, progress)
     sampler = study.sampler
-    distributions = st.distributions(problem)
+    distributions = st.distributions(problem, direction)
     deadline = time.monotonic() + timeout_s if timeout_s else None
     idle = 0
     exhausted = False
@@ -178,13 +179,13 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
             trial = study.ask(distributions)
             stats.asked += 1
             idle += 1
-            config = make_config(problem, trial.params)
-            bad = violations(problem, config)
+            config = make_config(problem, trial.params, direction)
+            bad = violations(problem, config, direction)
             if bad:
                 st.record_skip(study, trial, bad)
                 stats.skipped += 1
                 continue
-            v = Variant(problem, config)
+            v = Variant(problem, config, direction)
             if v.digest in known:
                 st.record(study, trial, known[v.digest][1], duplicate=True)
                 stats.duplicates += 1
@@ -225,8 +226,9 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
 
 
 def enqueue_seeds(study: optuna.Study, problem: Problem, seeds: Sequence = ()) -> None:
-    """Ask `seeds` first, then the known-good designs, each once (a seed that is also known-good too)."""
-    for c in [*seeds, *known_good(problem)]:
+    """Ask `seeds` first, then the known-good designs of the study's direction, each once (a seed that is also
+    known-good too)."""
+    for c in [*seeds, *known_good(problem, st.study_direction(study))]:
         study.enqueue_trial(c.to_dict(), skip_if_exists=True)
 
 

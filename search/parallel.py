@@ -43,6 +43,7 @@ class Plan:
     jobs: int | None = None
     compile_timeout_s: float = COMPILE_TIMEOUT_S
     run_timeout_s: float = RUN_TIMEOUT_S
+    direction: str = "fwd"  # whose variants: the forward's, or the fused backward's (tune.py --direction bwd)
 
 
 def split(trials: int, n: int) -> list[int]:
@@ -66,7 +67,8 @@ def worker_argv(plan: Plan, index: int, gpu: str, trials: int) -> list[str]:
     argv = [sys.executable, "-m", "search.parallel", "--problem", json.dumps(asdict(plan.problem)),
             "--storage", plan.storage, "--trials", str(trials), "--sampler", plan.sampler,
             "--seed", str((plan.seed + index) % 2**32), "--worker", worker_name(gpu), "--runs-dir", plan.runs_dir,
-            "--compile-timeout", repr(plan.compile_timeout_s), "--run-timeout", repr(plan.run_timeout_s)]
+            "--compile-timeout", repr(plan.compile_timeout_s), "--run-timeout", repr(plan.run_timeout_s),
+            "--direction", plan.direction]
     if plan.timeout_s is not None:
         argv += ["--timeout", repr(plan.timeout_s)]
     if plan.jobs is not None:
@@ -136,9 +138,11 @@ def run_workers(plan: Plan, gpus: list[str], study: optuna.Study, *, log: Callab
 
 
 def run_worker(problem: Problem, storage, build, evaluator, *, trials: int, sampler: str, seed: int, worker: str,
-               timeout_s: float | None = None, log: Callable[[str], None] = print) -> loop.SearchStats:
-    """One worker's search on the shared study: its share of new variants, each signed with `worker`."""
-    study = st.open_study(problem, storage, sampler, seed)
+               timeout_s: float | None = None, log: Callable[[str], None] = print,
+               direction: str = "fwd") -> loop.SearchStats:
+    """One worker's search on the shared study of a direction: its share of new variants, each signed with
+    `worker`."""
+    study = st.open_study(problem, storage, sampler, seed, direction)
     _, stats = loop.search(problem, study, build, evaluator, trials=trials, timeout_s=timeout_s, log=log,
                            worker=worker)
     return stats
@@ -158,11 +162,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--jobs", type=cli.int_range(1), default=None)
     ap.add_argument("--compile-timeout", type=cli.positive_seconds, default=COMPILE_TIMEOUT_S)
     ap.add_argument("--run-timeout", type=cli.positive_seconds, default=RUN_TIMEOUT_S)
+    ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
-    from dwgen.worker import GpuWorker
+    from dwgen.worker import BwdGpuWorker, GpuWorker
     from search import workflow
 
     a = parse_args(argv)
@@ -173,10 +178,11 @@ def main(argv: list[str]) -> int:
     except (st.StorageError, workflow.UserError) as e:
         print(f"python -m search.parallel: {e}", file=sys.stderr)
         return 1
-    evaluator = GpuWorker(problem, a.run_timeout)
+    evaluator = (BwdGpuWorker if a.direction == "bwd" else GpuWorker)(problem, a.run_timeout)
     try:
         stats = run_worker(problem, storage, build, evaluator, trials=a.trials, sampler=a.sampler, seed=a.seed,
-                           worker=a.worker, timeout_s=a.timeout, log=lambda s: print(s, flush=True))
+                           worker=a.worker, timeout_s=a.timeout, log=lambda s: print(s, flush=True),
+                           direction=a.direction)
     finally:
         evaluator.close()
     print(f"{a.worker}: {stats.evaluated} evaluated ({stats.correct} correct), {stats.duplicates} left to other "

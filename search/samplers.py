@@ -18,9 +18,9 @@ class SpaceSampler(optuna.samplers.BaseSampler):
     rejected asks could end the search early. This proposes only valid configs; a resumed study carries on
     with those it has not seen."""
 
-    def __init__(self, problem: Problem, seed: int):
-        self._axes = axes = family_of(problem).axes
-        self._order = [tuple(getattr(v.config, a) for a in axes) for v in enumerate_space(problem)]
+    def __init__(self, problem: Problem, seed: int, direction: str = "fwd"):
+        self._axes = axes = family_of(problem, direction).axes
+        self._order = [tuple(getattr(v.config, a) for a in axes) for v in enumerate_space(problem, direction)]
         random.Random(seed).shuffle(self._order)
         self._space = {a: optuna.distributions.CategoricalDistribution(list(vals)) for a, vals in axes.items()}
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
@@ -45,16 +45,17 @@ class SpaceSampler(optuna.samplers.BaseSampler):
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
 
 
-SAMPLERS: dict[str, Callable[[int, Problem], optuna.samplers.BaseSampler]] = {
+# Each takes the seed, the problem and the direction (whose family's space the grid sampler walks).
+SAMPLERS: dict[str, Callable[[int, Problem, str], optuna.samplers.BaseSampler]] = {
     # Few startup trials: the known-good variants are enqueued first and seed the model.
-    "tpe": lambda seed, problem: optuna.samplers.TPESampler(seed=seed, n_startup_trials=16, multivariate=True,
-                                                            constant_liar=True),
-    "random": lambda seed, problem: optuna.samplers.RandomSampler(seed=seed),
-    "grid": lambda seed, problem: SpaceSampler(problem, seed),
+    "tpe": lambda seed, problem, direction: optuna.samplers.TPESampler(seed=seed, n_startup_trials=16,
+                                                                       multivariate=True, constant_liar=True),
+    "random": lambda seed, problem, direction: optuna.samplers.RandomSampler(seed=seed),
+    "grid": lambda seed, problem, direction: SpaceSampler(problem, seed, direction),
 }
 
 
-def make_sampler(name: str, seed: int, problem: Problem) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, seed: int, problem: Problem, direction: str = "fwd") -> optuna.samplers.BaseSampler:
     if name not in SAMPLERS:
         raise ValueError(f"unknown sampler {name!r}: choose one of {', '.join(SAMPLERS)}")
-    return SAMPLERS[name](seed, problem)
+    return SAMPLERS[name](seed, problem, direction)

@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import FAMILIES, LAUNCH_RULES, family_of, make_config
+from dwgen.space import FAMILIES, LAUNCH_RULES, direction_key, family_of, make_config
 from search.samplers import make_sampler
 
 DEFAULT_RUNS_DIR = Path("runs")
@@ -26,9 +26,10 @@ SPACE_TAG = hashlib.sha256(json.dumps({"axes": {f"{d}_{lay}": {k: list(v) for k,
                                        "launch_rules": LAUNCH_RULES}).encode()).hexdigest()[:8]
 
 
-def distributions(p: Problem) -> dict:
-    """Optuna's view of the problem's family axes."""
-    return {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in family_of(p).axes.items()}
+def distributions(p: Problem, direction: str = "fwd") -> dict:
+    """Optuna's view of the axes of the problem's family in a direction."""
+    return {k: optuna.distributions.CategoricalDistribution(list(v))
+            for k, v in family_of(p, direction).axes.items()}
 
 RESULT_ATTR = "result"
 SKIP_ATTR = "skipped"
@@ -37,6 +38,9 @@ SWEPT_ATTR = "swept"
 DIGEST_ATTR = "digest"  # the variant a trial claimed to measure (set before OWNER_ATTR)
 WORKER_ATTR = "worker"  # which tuner measured it (tune.py --workers: the host and the GPU)
 EXTRA_ATTR = "extra"  # a variant passed in beside the sampler's (tests' faults); its trial has no params
+# A study's user attr: whose variants it measures, fwd or bwd (not Optuna's "minimize"). Studies stored
+# before it was set are forward ones.
+DIRECTION_ATTR = "kernel_direction"
 # A RUNNING trial with no owner yet is one a tuner has just asked (it claims it right after): only this
 # old is it taken for one left behind.
 UNCLAIMED_GRACE_S = 60.0
@@ -106,15 +110,29 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         raise StorageError(f"cannot open storage {url}: {first}") from e
 
 
-def study_name(p: Problem) -> str:
-    return f"dwgen-{SPACE_TAG}-{p.key}"
+def study_name(p: Problem, direction: str = "fwd") -> str:
+    """One study per problem, direction and space: the forward's name is the problem's key alone (the name
+    of forward studies stored before backward ones existed), the backward's ends in _bwd."""
+    return f"dwgen-{SPACE_TAG}-{direction_key(p, direction)}"
 
 
 def open_study(p: Problem, storage: str | optuna.storages.BaseStorage | None, sampler: str,
-               seed: int) -> optuna.Study:
-    """Create or resume the problem's study (storage None keeps it in memory, for tests)."""
-    return optuna.create_study(study_name=study_name(p), storage=storage, sampler=make_sampler(sampler, seed, p),
-                               direction="minimize", load_if_exists=True)
+               seed: int, direction: str = "fwd") -> optuna.Study:
+    """Create or resume the problem's study of a direction (storage None keeps it in memory, for tests)."""
+    study = optuna.create_study(study_name=study_name(p, direction), storage=storage,
+                                sampler=make_sampler(sampler, seed, p, direction), direction="minimize",
+                                load_if_exists=True)
+    stored = study.user_attrs.get(DIRECTION_ATTR)
+    if stored is None:
+        study.set_user_attr(DIRECTION_ATTR, direction)
+    elif stored != direction:
+        raise ValueError(f"study {study.study_name} measures {stored} variants, not {direction}")
+    return study
+
+
+def study_direction(study: optuna.Study) -> str:
+    """fwd or bwd: the variants a study measures."""
+    return study.user_attrs.get(DIRECTION_ATTR, "fwd")
 
 
 def trial_result(t: FrozenTrial) -> Result | None:
@@ -124,11 +142,13 @@ def trial_result(t: FrozenTrial) -> Result | None:
 
 def measured(study: optuna.Study, p: Problem) -> dict[str, tuple[object, Result]]:
     """Every variant this study already built or evaluated, by digest (skips, duplicates and extras excluded)."""
+    direction = study_direction(study)
     out: dict[str, tuple[object, Result]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         r = trial_result(t)
-        if r is not None and not t.user_attrs.get("duplicate") and not t.user_attrs.get(EXTRA_ATTR):
-            out.setdefault(r.digest, (make_config(p, t.params), r))
+        if (r is not None and not t.user_attrs.get("duplicate") and not t.user_attrs.get(EXTRA_ATTR)
+                and r.direction == direction):
+            out.setdefault(r.digest, (make_config(p, t.params, direction), r))
     return out
 
 

@@ -15,7 +15,7 @@ from dwgen import freeze as frz
 from dwgen import render
 from dwgen.problem import Problem
 from dwgen.progress import Progress
-from dwgen.space import Variant, make_config, violations
+from dwgen.space import Variant, direction_key, make_config, violations
 from dwgen.worker import RUN_TIMEOUT_S
 from search import loop
 from search import study as st
@@ -60,59 +60,59 @@ def make_builder(cache_dir: Path, arch: str, jobs: int | None, timeout_s: float 
     return build
 
 
-def _frozen_entry(problem: Problem, out_dir: Path) -> dict | None:
-    """generated/'s manifest entry for this problem, current or not."""
+def _frozen_entry(problem: Problem, out_dir: Path, direction: str = "fwd") -> dict | None:
+    """generated/'s manifest entry for this problem in a direction, current or not."""
     m = frz.read_manifest(out_dir)
     entries = m.get("entries", []) if m.get("schema") == frz.SCHEMA else []
-    return next((e for e in entries if e["key"] == problem.key), None)
+    return next((e for e in entries if e["key"] == problem.key and frz.entry_direction(e) == direction), None)
 
 
-def frozen_variant(problem: Problem, out_dir: Path) -> Variant | None:
-    """The variant generated/ holds for this problem, if its code still matches the templates."""
-    e = _frozen_entry(problem, out_dir)
+def frozen_variant(problem: Problem, out_dir: Path, direction: str = "fwd") -> Variant | None:
+    """The variant generated/ holds for this problem in a direction, if its code still matches the templates."""
+    e = _frozen_entry(problem, out_dir, direction)
     return frz.entry_variant(e) if e and frz.entry_variant(e).digest == e["digest"] else None
 
 
-def previous_config(problem: Problem, out_dir: Path):
+def previous_config(problem: Problem, out_dir: Path, direction: str = "fwd"):
     """The config generated/ last froze for this problem, even when the templates have changed since: a
     re-tune tries it first, so a larger space or an unlucky search does not lose a design that won before."""
-    e = _frozen_entry(problem, out_dir)
+    e = _frozen_entry(problem, out_dir, direction)
     if e is None:
         return None
     try:
-        config = make_config(problem, e["config"])
+        config = make_config(problem, e["config"], direction)
     except (TypeError, ValueError):
         return None  # a config of an older space: nothing to carry over
-    return None if violations(problem, config) else config
+    return None if violations(problem, config, direction) else config
 
 
 def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, sampler: str, seed: int,
                  storage: str | BaseStorage | None, build, frozen: Variant | None, seeds: tuple = (),
                  log=print, quiet: bool = False, report_dir: Path | None = None,
-                 run_timeout_s: float = RUN_TIMEOUT_S, workers: tuple[Plan, list[str]] | None = None
-                 ) -> frz.Winner | None:
-    """Search one problem and decide its winner; None when no variant was correct.
+                 run_timeout_s: float = RUN_TIMEOUT_S, workers: tuple[Plan, list[str]] | None = None,
+                 direction: str = "fwd") -> frz.Winner | None:
+    """Search one problem's variants of a direction and decide its winner; None when no variant was correct.
 
     With `report_dir`, the study's report (report.md and its plots) is written there at the end.
     `run_timeout_s` bounds each call of the GPU worker (checking and timing one variant). With `workers`
     (a plan and GPUs), the search runs in one worker process per GPU on the study, and this process
     re-times the finalists on its first GPU once they are done."""
-    from dwgen.worker import GpuWorker
+    from dwgen.worker import BwdGpuWorker, GpuWorker
 
     t_start = time.perf_counter()
-    study = st.open_study(problem, storage, sampler, seed)
-    log(f"== {problem.key}: study {study.study_name}")
-    worker = GpuWorker(problem, run_timeout_s)
+    study = st.open_study(problem, storage, sampler, seed, direction)
+    log(f"== {direction_key(problem, direction)}: study {study.study_name}")
+    worker = (BwdGpuWorker if direction == "bwd" else GpuWorker)(problem, run_timeout_s)
     try:
         if workers is None:
-            machine = _baselines(worker, log)
+            machine = _baselines(worker, log, direction)
             with Progress(trials, "search", quiet=quiet) as progress:
                 known, stats = loop.search(problem, study, build, worker, trials=trials, timeout_s=timeout_s,
                                            seeds=seeds, log=log, progress=progress)
             summary = _stats_lines(stats, worker)
         else:
             known, summary = _search_on_workers(problem, study, *workers, seeds=seeds, log=log, quiet=quiet)
-            machine = _baselines(worker, log)
+            machine = _baselines(worker, log, direction)
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [])
     finally:
         worker.close()
@@ -120,7 +120,7 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
         log(line)
     log(f"problem wall {time.perf_counter() - t_start:.1f} s")
     if decided is None:
-        log(f"no correct variant found for {problem.key}")
+        log(f"no correct variant found for {direction_key(problem, direction)}")
         if report_dir is not None:
             write_report(study, problem, report_dir, None, log)
         return None
@@ -136,12 +136,15 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
     return frz.Winner(v, r, machine)
 
 
-def _baselines(worker, log) -> dict:
-    """The machine, and the copy_ and PyTorch times the variants are measured against (logged)."""
+def _baselines(worker, log, direction: str = "fwd") -> dict:
+    """The machine, and the copy_ and PyTorch times the variants are measured against (logged): for the
+    backward, copy_ of the forward's bytes and PyTorch's backward alone."""
     machine = worker.machine()
     base = worker.baselines()
-    log(f"{machine['gpu']}: copy_ of the same bytes {base['copy_ms']:.4f} ms, "
-        f"PyTorch eager {base['torch_ms']:.4f} ms ({base['copy_ms'] / base['torch_ms'] * 100:.0f}% of copy speed)")
+    copy, torch_ = (("copy_ of the forward's bytes", "PyTorch's backward (autograd.grad)") if direction == "bwd"
+                    else ("copy_ of the same bytes", "PyTorch eager"))
+    log(f"{machine['gpu']}: {copy} {base['copy_ms']:.4f} ms, {torch_} {base['torch_ms']:.4f} ms "
+        f"({base['copy_ms'] / base['torch_ms'] * 100:.0f}% of copy speed)")
     return machine
 
 
@@ -162,7 +165,8 @@ def _search_on_workers(problem: Problem, study, plan: Plan, gpus: list[str], *, 
         loop.enqueue_seeds(study, problem, seeds)  # once, here, before the workers race to do it
     codes = parallel.run_workers(plan, gpus, study, log=log, quiet=quiet)
     swept = st.sweep_stale(study)  # what a worker that died left running
-    known = {d: (Variant(problem, c), r) for d, (c, r) in st.measured(study, problem).items()}
+    direction = st.study_direction(study)
+    known = {d: (Variant(problem, c, direction), r) for d, (c, r) in st.measured(study, problem).items()}
     shares = parallel.measured_by(study)
     each = ", ".join(f"{w or '(no worker)'} measured {n}" for w, n in sorted(shares.items()))
     closed = f"; {len(swept)} trials left running were closed" if swept else ""
@@ -176,7 +180,7 @@ def write_report(study, problem: Problem, out_dir: Path, winner, log=print) -> P
     try:
         from search import report
 
-        path = report.write_report(study, problem.key, out_dir, winner=winner)
+        path = report.write_report(study, direction_key(problem, st.study_direction(study)), out_dir, winner=winner)
     except Exception as e:  # no matplotlib, a plot that fails: the search's results stand without it
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         log(f"report not written for {problem.key}: {type(e).__name__}: {first}")
@@ -209,11 +213,19 @@ def freeze_gated(winners: list[frz.Winner], out_dir: Path, generic: dict | None 
 def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampler: str, seed: int,
          storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print,
          quiet: bool = False, report: Callable[[list[frz.Winner]], None] | None = None, workers: int = 1,
-         compile_timeout_s: float = builder.COMPILE_TIMEOUT_S, run_timeout_s: float = RUN_TIMEOUT_S) -> int:
-    """Tune each problem and freeze the winners; 0 when every problem found a winner.
+         compile_timeout_s: float = builder.COMPILE_TIMEOUT_S, run_timeout_s: float = RUN_TIMEOUT_S,
+         direction: str = "fwd") -> int:
+    """Tune each problem's kernels of a direction (fwd, or bwd: the fused backward) and freeze the winners
+    beside what generated/ holds; 0 when every problem found a winner.
 
     `quiet` hides the progress bar; `report`, when given, receives the winners at the end (for --json).
     `workers` > 1 searches with one process per visible GPU on each problem's study."""
+    from dwgen.dryrun import no_variant_reason
+
+    for p in problems:  # tune.py refuses these first; here for other callers
+        reason = no_variant_reason(p, direction)
+        if reason:
+            raise UserError(f"{p.key}: {reason}")
     build = gpu_builder(runs_dir, jobs, compile_timeout_s)
     if storage is None:
         storage = st.default_storage(runs_dir)
@@ -231,20 +243,21 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
         raise UserError(str(e)) from e
     winners: list[frz.Winner] = []
     for p in problems:
-        previous = previous_config(p, out_dir)
+        previous = previous_config(p, out_dir, direction)
         plan = Plan(p, storage, trials, sampler, seed, str(runs_dir), timeout_s, jobs, compile_timeout_s,
-                    run_timeout_s) if gpus else None
+                    run_timeout_s, direction) if gpus else None
         w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=opened,
-                         build=build, frozen=frozen_variant(p, out_dir), seeds=(previous,) if previous else (),
-                         log=log, quiet=quiet, report_dir=runs_dir / p.key, run_timeout_s=run_timeout_s,
-                         workers=(plan, gpus) if gpus else None)
+                         build=build, frozen=frozen_variant(p, out_dir, direction),
+                         seeds=(previous,) if previous else (), log=log, quiet=quiet,
+                         report_dir=runs_dir / direction_key(p, direction), run_timeout_s=run_timeout_s,
+                         workers=(plan, gpus) if gpus else None, direction=direction)
         if w is not None:
             winners.append(w)
     log("")
     log(f"{'problem':44s} {'winner':40s} {'ms':>9s} {'x copy':>7s} {'vs torch':>8s}")
     for w in winners:
-        r = w.result
-        log(f"{w.variant.problem.key:44s} {w.variant.name:40s} {r.kernel_ms:9.4f} {r.x_copy:7.3f} {r.speedup:7.2f}x")
+        r, key = w.result, direction_key(w.variant.problem, w.variant.direction)
+        log(f"{key:44s} {w.variant.name:40s} {r.kernel_ms:9.4f} {r.x_copy:7.3f} {r.speedup:7.2f}x")
     if freeze and winners:
         freeze_gated(winners, out_dir, log=log)
         log(f"froze {len(winners)} winner(s) into {out_dir}")

@@ -14,3 +14,16 @@ def test_summary_counts_spilling_variants_and_their_bytes():
 
 def test_summary_without_spills():
     assert summary([Build("a", "ok", spill_bytes=0)], 1.0).endswith("; no variant spills registers")
+
+
+def test_no_backward_variant_reasons():
+    from dwgen.dryrun import BWD_STRIDE_ONE, no_variant_reason
+    from dwgen.problem import Problem
+
+    strided = Problem(4, 2048, 8192, 3, 2, 1)
+    assert no_variant_reason(strided) is None  # the forward has variants at stride 2
+    assert no_variant_reason(strided, "bwd") == BWD_STRIDE_ONE == (
+        "the fused backward is stride 1 only; other strides use the generic backward")
+    assert no_variant_reason(Problem(4, 64, 1000), "bwd") is None
+    why = no_variant_reason(Problem(2, 10, 4096, layout="blc"), "bwd")  # 10 fp32 channels: no whole vectors
+    assert why.startswith("no variant of the bwd of 2x10x4096_k3_s1_p1_d1_fp32_blc_nobias can be built")

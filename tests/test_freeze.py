@@ -131,18 +131,109 @@ def test_edited_launcher_dispatch_or_layers_is_stale(tmp_path):
 @pytest.mark.slow
 @pytest.mark.nvcc
 def test_frozen_launcher_builds_for_every_walk(tmp_path):
-    """The launcher's persistent, row and tile branches compile (generated/ may hold none of them)."""
+    """The launcher's persistent, row and tile branches compile (generated/ may hold none of them), and so does
+    its tuned backward table, whose rows the C++ side takes, checking each row's direction (no GPU needed)."""
     import os
     import subprocess
 
+    from dwgen.families import bwd
+
     ws = [winner(Problem(32, 512, 1024, 31, 1, 15), Config(threads=64, vec=4, outs=2, walk="persistent", halo="async")),
           winner(Problem(4, 64, 1000), Config(threads=128, vec=4, outs=1, walk="row", halo="smem")),
-          winner(Problem(4, 64, 4096), Config(threads=128, vec=2, outs=2, halo="shfl"))]
+          winner(Problem(4, 64, 4096), Config(threads=128, vec=2, outs=2, halo="shfl")),
+          bwd_winner(Problem(4, 64, 4096), bwd.Config(threads=128, outs=4))]
     freeze.freeze(ws, tmp_path / "frozen_walks", log=lambda s: None)
     env = dict(os.environ, DWGEN_BUILD_DIR=str(tmp_path / "build"))
     (tmp_path / "build").mkdir()
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import frozen_walks; "
-            "frozen_walks.build(); print('built')")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import frozen_walks as f; ext = f.build(); "
+            "tuned, fast = f._table_rows(f._trusted(f.MANIFEST, f._HERE, None)); "
+            "assert sorted(r[0] for r in tuned) == [0, 0, 0, 1], tuned; ext.install(0, tuned, fast); "
+            "bad = [[1 - r[0], *r[1:]] for r in tuned]\n"
+            "for rows in ([bad[0]], [bad[-1]], [[r[0], *r[2:]] for r in tuned]):\n"
+            "    try: ext.install(0, rows, fast)\n"
+            "    except RuntimeError as e: assert 'direction' in str(e) or 'fields' in str(e), e\n"
+            "    else: raise SystemExit(f'install took {rows}')\n"
+            "print('built')")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "built" in out.stdout
+
+
+def bwd_winner(p: Problem, c, ms: float = 0.45) -> freeze.Winner:
+    v = Variant(p, c, "bwd")
+    r = Result(v.name, v.digest, "ok", kernel_ms=ms, copy_ms=0.26, torch_ms=1.74, reps=40, max_rel_error=2e-7,
+               direction="bwd")
+    return freeze.Winner(v, r, MACHINE)
+
+
+def test_freeze_writes_a_backward_entry_beside_the_forwards(tmp_path):
+    from dwgen.families import bwd
+
+    p = Problem(32, 512, 8192)
+    fwd = winner(p, Config(threads=256, vec=4, outs=1, halo="l1", stream=True))
+    back = bwd_winner(p, bwd.Config(threads=128, outs=4))
+    freeze.freeze([fwd], tmp_path, log=lambda s: None)
+    m = freeze.freeze([back], tmp_path, log=lambda s: None)
+    assert [(e["key"], e["direction"], e["kernel"]) for e in m["entries"]] == [
+        ("32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias", "fwd", "dw1d_f32_k3_t256_v4_o1_l1_cs"),
+        ("32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias", "bwd", "dw1d_bwd_f32_k3_t128_o4")]
+    e = m["entries"][1]
+    assert e["digest"] == back.variant.digest and e["config"] == {"threads": 128, "outs": 4, "tc": 1}
+    assert e["measured"] == {"kernel_ms": 0.45, "copy_ms": 0.26, "torch_ms": 1.74,
+                             "x_copy": pytest.approx(1.7307692), "speedup_vs_torch": pytest.approx(3.8666667),
+                             "max_rel_error": 2e-7, "reps": 40}
+    kernels = {k["name"]: k for k in m["kernels"]}
+    k = kernels["dw1d_bwd_f32_k3_t128_o4"]
+    assert k["direction"] == "bwd" and k["digest"] == back.variant.digest
+    assert (tmp_path / k["file"]).read_text() == render.render_variant(back.variant)
+    assert freeze.entry_variant(e) == back.variant and freeze.stale_entries(tmp_path) == []
+    # a later backward winner replaces the backward entry only
+    again = bwd_winner(p, bwd.Config(threads=256, outs=8), ms=0.44)
+    m = freeze.freeze([again], tmp_path, log=lambda s: None)
+    assert [e["kernel"] for e in m["entries"]] == ["dw1d_f32_k3_t256_v4_o1_l1_cs", "dw1d_bwd_f32_k3_t256_o8"]
+    assert "dw1d_bwd_f32_k3_t128_o4" not in {k["name"] for k in m["kernels"]}  # collected
+    mod = load_frozen(tmp_path, "frozen_bwd_entry")
+    t = mod._trusted(mod.MANIFEST, tmp_path, "9.0")
+    key = (32, 512, 8192, 3, 1, 1, 1, "fp32", False, "bcl")
+    assert t.tuned == {key: "dw1d_f32_k3_t256_v4_o1_l1_cs"} and t.tuned_bwd == {key: "dw1d_bwd_f32_k3_t256_o8"}
+
+
+def test_a_backward_entry_goes_stale_with_its_template(tmp_path, monkeypatch):
+    from dwgen import space
+    from dwgen.families import bwd
+
+    p = Problem(4, 64, 1000)
+    freeze.freeze([winner(p, Config(threads=64, vec=4, outs=1)), bwd_winner(p, bwd.Config(threads=128, outs=2))],
+                  tmp_path, log=lambda s: None)
+    real = space.template_text
+    monkeypatch.setattr(space, "template_text", lambda n: real(n) + ("// edited\n" if n == "dw1d_bwd.cu.j2" else ""))
+    stale = freeze.stale_entries(tmp_path)
+    assert "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias_bwd" in stale and p.key not in stale
+    dropped = []
+    m = freeze.freeze([], tmp_path, log=dropped.append)
+    assert [(e["key"], e["direction"]) for e in m["entries"]] == [(p.key, "fwd")]
+    assert any("dropping stale entry 4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias_bwd" in line for line in dropped)
+
+
+def test_only_results_of_the_variants_direction_are_frozen(tmp_path):
+    from dwgen.families import bwd
+
+    w = bwd_winner(Problem(4, 64, 1000), bwd.Config(threads=128, outs=2))
+    mislabelled = freeze.Winner(w.variant, w.result.with_(direction="fwd"), MACHINE)
+    with pytest.raises(freeze.FreezeError, match="is a bwd kernel but its result was measured as fwd"):
+        freeze.freeze([mislabelled], tmp_path)
+
+
+def test_entries_written_without_a_direction_are_forward_ones(tmp_path):
+    p = Problem(32, 512, 8192)
+    m = freeze.freeze([winner(p, Config())], tmp_path, log=lambda s: None)
+    for e in m["entries"]:
+        del e["direction"]  # as manifests were written before entries had one
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    assert freeze.entry_direction(m["entries"][0]) == "fwd" and freeze.stale_entries(tmp_path) == []
+    mod = load_frozen(tmp_path, "frozen_no_direction")
+    t = mod._trusted(mod.MANIFEST, tmp_path, "9.0")
+    assert list(t.tuned.values()) == [m["entries"][0]["kernel"]] and t.tuned_bwd == {} and t.warnings == []
+    # the next freeze writes the field on the entries it carries over, their digests untouched
+    again = freeze.freeze([], tmp_path, log=lambda s: None)
+    assert [(e["direction"], e["digest"]) for e in again["entries"]] == [("fwd", m["entries"][0]["digest"])]

@@ -207,3 +207,50 @@ def test_nothing_is_loaded_with_pickle_or_eval():
     hits = [f"{p.relative_to(ROOT)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
             if pattern.search(line)]
     assert hits == []
+
+
+def add_bwd_entry(here, kernel: str | None = None, **fields) -> dict:
+    """A backward entry for the tuned forward's problem, naming the generic backward kernel of its signature
+    (one of the committed kernels, so the files stay as recorded) unless told another."""
+    def edit(m):
+        e = next(x for x in m["entries"] if x["key"] == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias")
+        m["entries"].append({**e, "direction": "bwd", "kernel": kernel or m["generic"]["fast_bwd"]["fp32_bcl_k3"],
+                             **fields})
+    return rewrite(here, edit)
+
+
+def test_backward_entries_fill_the_tuned_bwd_table(here):
+    m = add_bwd_entry(here)
+    e = m["entries"][-1]
+    t = trusted(here)
+    assert t.tuned_bwd == {key(e): e["kernel"]} and t.warnings == []
+    assert key(e) in t.tuned and t.tuned[key(e)] != e["kernel"]  # the forward's entry of the same problem stays
+    tuned_rows, fast_rows = frozen_dispatch._table_rows(t)
+    assert all(len(r) == 15 and r[0] in (0, 1) for r in tuned_rows)
+    assert sum(r[0] == 0 for r in tuned_rows) == len(t.tuned) and sum(r[0] == 1 for r in tuned_rows) == 1
+    index, k = t.kernels[e["kernel"]]
+    # direction 1, B, C, L, K, S, P, D, dtype fp32 (0), no bias, layout bcl (0), then the kernel's choice
+    assert [r for r in tuned_rows if r[0] == 1] == [[1, 32, 512, 8192, 3, 1, 1, 1, 0, 0, 0, index,
+                                                     k["align_bytes"], k["channel_multiple"], 0]]
+    assert all(len(r) == 8 for r in fast_rows)
+
+
+@pytest.mark.parametrize("which, fields, why", [
+    ("fwd kernel", {}, "its kernel is not a backward kernel"),
+    ("bwd kernel", {"direction": "fwd"}, "its kernel is not a forward kernel"),
+    ("bwd kernel", {"direction": "sideways"}, "its direction is not fwd or bwd"),
+    ("bwd kernel", {"direction": None}, "its direction is not fwd or bwd"),
+])
+def test_an_entry_whose_direction_does_not_fit_is_refused(here, which, fields, why):
+    m = manifest(here)
+    kernel = tuned_entry(m)["kernel"] if which == "fwd kernel" else m["generic"]["fast_bwd"]["fp32_bcl_k3"]
+    add_bwd_entry(here, kernel, **fields)
+    t = trusted(here)
+    assert t.tuned_bwd == {} and len(t.tuned) == len(m["entries"])  # the others are all used
+    assert len(t.warnings) == 1 and "tuned entry" in t.warnings[0] and why in t.warnings[0]
+
+
+def test_backward_entries_tuned_on_another_architecture_fall_back(here):
+    m = add_bwd_entry(here, machine={**manifest(here)["entries"][0]["machine"], "capability": "8.0"})
+    assert trusted(here, "9.0").tuned_bwd == {} and "architecture 8.0" in trusted(here, "9.0").warnings[0]
+    assert trusted(here, "8.0").tuned_bwd == {key(m["entries"][-1]): m["entries"][-1]["kernel"]}

@@ -215,3 +215,22 @@ def test_a_tune_on_workers_decides_from_the_whole_study(tmp_path, monkeypatch):
     best = min((st.trial_result(t) for t in study.trials if st.trial_result(t)), key=lambda r: r.kernel_ms)
     assert w is not None and w.result.kernel_ms == best.kernel_ms  # the best of both workers' variants
     assert any(line.startswith("workers: ") and "exit codes [0, 0]" in line for line in lines), lines
+
+
+def test_a_backward_plan_reaches_its_workers(tmp_path):
+    from tests.test_search import FakeBwdEvaluator
+
+    plan = parallel.Plan(PROBLEM, "sqlite:///x.db", trials=10, sampler="tpe", seed=0, runs_dir="runs",
+                         direction="bwd")
+    assert parallel.parse_args(parallel.worker_argv(plan, 0, "1", 5)[3:]).direction == "bwd"
+    forward = parallel.Plan(PROBLEM, "sqlite:///x.db", trials=10, sampler="tpe", seed=0, runs_dir="runs")
+    assert parallel.parse_args(parallel.worker_argv(forward, 0, "1", 5)[3:]).direction == "fwd"
+    # a worker searches the backward study, never the forward's of the same problem
+    url = f"sqlite:///{tmp_path / 'dwgen.db'}"
+    stats = parallel.run_worker(PROBLEM, st.open_storage(url), FakeBuilder(), FakeBwdEvaluator(), trials=4,
+                                sampler="tpe", seed=0, worker="host:gpu1", log=lambda s: None, direction="bwd")
+    assert stats.evaluated == 4
+    assert optuna.get_all_study_names(url) == [st.study_name(PROBLEM, "bwd")]
+    study = st.open_study(PROBLEM, st.open_storage(url), "tpe", 0, "bwd")
+    assert parallel.measured_by(study) == Counter({"host:gpu1": 4})
+    assert all(v is not None and r.direction == "bwd" for v, r in st.measured(study, PROBLEM).values())

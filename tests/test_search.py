@@ -50,7 +50,7 @@ class FakeBuilder:
         out = []
         for v in variants:
             self.built.append(v.digest)
-            if v.config.halo == self.fail_halo:
+            if self.fail_halo is not None and getattr(v.config, "halo", None) == self.fail_halo:
                 out.append(Build(v.name, "compile_error", log="ptxas error: too many resources", log_path="x.log"))
             else:
                 out.append(Build(v.name, "ok", library=f"/nowhere/{v.name}.so", registers=32, spill_bytes=0))
@@ -188,3 +188,90 @@ def test_progress_counts_evaluations_and_shows_the_best(tmp_path):
     # the fake evaluator's copy_ takes 1 ms and PyTorch 5 ms
     assert out.getvalue().splitlines() == [
         f"checking+timing: 12/12 variants, best {best:.4f} ms, {best:.2f}x copy, {5 / best:.2f}x PyTorch, 0:00 elapsed"]
+
+
+# The backward: its own family's space, its own study, results that say they are backward ones.
+BWD_PROBLEM = Problem(8, 64, 4096)
+
+
+def fake_bwd_time(v) -> float:
+    return 2.0 + abs(v.config.threads - 256) / 1000 + abs(v.config.outs - 8) / 100
+
+
+class FakeBwdEvaluator(FakeEvaluator):
+    def evaluate(self, cand, base: Result) -> Result:
+        assert cand.variant.direction == "bwd" and base.direction == "bwd"
+        self.calls.append(cand.variant.digest)
+        return base.with_(kernel_ms=fake_bwd_time(cand.variant), copy_ms=1.0, torch_ms=6.0, reps=20)
+
+    def retime(self, cands, rounds):
+        return {"copy_": 1.0, "torch": 6.0, **{c.variant.name: fake_bwd_time(c.variant) for c in cands}}
+
+
+def test_study_names_carry_the_direction(tmp_path):
+    # the forward's name is what it was before backward studies existed: stored forward studies resume
+    assert st.study_name(BWD_PROBLEM) == st.study_name(BWD_PROBLEM, "fwd") == f"dwgen-{st.SPACE_TAG}-{BWD_PROBLEM.key}"
+    assert st.study_name(BWD_PROBLEM, "bwd") == f"dwgen-{st.SPACE_TAG}-{BWD_PROBLEM.key}_bwd"
+    storage = st.default_storage(tmp_path)
+    fwd = st.open_study(BWD_PROBLEM, storage, "tpe", 0)
+    bwd = st.open_study(BWD_PROBLEM, storage, "tpe", 0, "bwd")
+    assert fwd.study_name != bwd.study_name
+    assert (st.study_direction(fwd), st.study_direction(bwd)) == ("fwd", "bwd")
+    again = st.open_study(BWD_PROBLEM, storage, "random", 1, "bwd")  # resumed: the direction is stored with it
+    assert again.study_name == bwd.study_name and st.study_direction(again) == "bwd"
+    with pytest.raises(ValueError, match="measures bwd variants, not fwd"):
+        import optuna
+
+        optuna.create_study(study_name=st.study_name(BWD_PROBLEM), storage=storage, load_if_exists=True) \
+            .set_user_attr(st.DIRECTION_ATTR, "bwd")  # a forward study's name holding backward results
+        st.open_study(BWD_PROBLEM, storage, "tpe", 0)
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_a_backward_search_measures_the_backward_family(tmp_path, sampler):
+    from dwgen.families import bwd
+
+    storage = st.default_storage(tmp_path)
+    study = st.open_study(BWD_PROBLEM, storage, sampler, 0, "bwd")
+    ev = FakeBwdEvaluator()
+    known, stats = loop.search(BWD_PROBLEM, study, FakeBuilder(), ev, trials=8, batch=4, log=lambda s: None)
+    space = {v.digest: v for v in enumerate_space(BWD_PROBLEM, "bwd")}
+    assert stats.evaluated == 8 == len(known) and set(known) <= set(space)
+    assert all(v.direction == "bwd" and isinstance(v.config, bwd.Config) and r.direction == "bwd"
+               for v, r in known.values())
+    if sampler != "grid":  # the grid sampler walks the space in its own order
+        first = [known[d][0].config for d in ev.calls[:len(known_good(BWD_PROBLEM, "bwd"))]]
+        assert first == known_good(BWD_PROBLEM, "bwd")
+    v, r, times = loop.decide(known, FakeBuilder(), ev)
+    assert v.direction == r.direction == "bwd" and r.kernel_ms == min(fake_bwd_time(v) for v, _ in known.values())
+    assert r.torch_ms == 6.0 and r.speedup == 6.0 / r.kernel_ms
+    # read back from storage as backward variants, and the forward study of the same problem holds none
+    assert set(st.measured(st.open_study(BWD_PROBLEM, storage, sampler, 0, "bwd"), BWD_PROBLEM)) == set(known)
+    assert st.measured(st.open_study(BWD_PROBLEM, storage, sampler, 0), BWD_PROBLEM) == {}
+
+
+def test_grid_sampler_walks_the_whole_backward_space():
+    p = Problem(2, 8, 1000)
+    study = st.open_study(p, None, "grid", 0, "bwd")
+    ev = FakeBwdEvaluator()
+    known, stats = loop.search(p, study, FakeBuilder(), ev, trials=10_000, batch=8, log=lambda s: None)
+    assert stats.evaluated == len(enumerate_space(p, "bwd")) == len(set(ev.calls)) == 3
+
+
+def test_results_of_the_other_direction_are_not_read_back():
+    study = st.open_study(BWD_PROBLEM, None, "tpe", 0, "bwd")
+    v = enumerate_space(BWD_PROBLEM, "bwd")[0]
+    trial = study.ask(st.distributions(BWD_PROBLEM, "bwd"))
+    st.record(study, trial, Result(v.name, v.digest, "ok", kernel_ms=1.0, direction="fwd"))  # mislabelled
+    assert st.measured(study, BWD_PROBLEM) == {}
+    trial = study.ask(st.distributions(BWD_PROBLEM, "bwd"))
+    st.record(study, trial, Result(v.name, v.digest, "ok", kernel_ms=1.0, direction="bwd"))
+    assert list(st.measured(study, BWD_PROBLEM)) == [v.digest]
+
+
+def test_a_result_without_a_direction_reads_as_a_forward_one():
+    r = Result("dw1d_f32_k3_t128_v4_o2_l1", "d" * 64, "ok", kernel_ms=1.0)
+    stored = {k: v for k, v in r.to_dict().items() if k != "direction"}  # as written before the field existed
+    assert Result.from_dict(stored).direction == "fwd" and Result.from_dict(r.to_dict()) == r
+    with pytest.raises(ValueError, match="unknown direction"):
+        Result("x", "d", "ok", direction="up")

@@ -225,3 +225,87 @@ def test_known_good_are_valid_where_kept():
     p = PROBLEMS[0]
     assert known_good(p) == [c for c in KNOWN_GOOD if not violations(p, c)]
     assert known_good(p)
+
+
+def brute_force_bwd_ok(p: Problem, threads, outs, tc) -> bool:
+    """The fused backward family's restrictions restated from first principles."""
+    vec = 16 // p.elem_bytes if p.layout == "bcl" else min(16 // p.elem_bytes, tc)
+    tile = threads // tc * outs
+    halo = (p.kernel_size - 1) * p.dilation
+    slack = 2 * vec if p.layout == "bcl" else 0
+    # x window (tile and both halos) and grad_out window (tile and one halo), each with its slack, per channel
+    # of the tile, and a warp's K + 1 sums (weights and bias) per warp, all as floats
+    smem = 4 * ((tile + 2 * halo + slack + tile + halo + slack) * tc + threads // 32 * (p.kernel_size + 1) * 32)
+    return (p.stride == 1 and (tc == 1 if p.layout == "bcl" else tc >= 16) and threads % tc == 0
+            and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024
+            and tile <= max(p.length, 256))
+
+
+BWD_PROBLEMS = [Problem(4, 64, 1000), Problem(32, 512, 8192, dtype="bf16"), Problem(2, 8, 999, 5, 1, 4, 2),
+                Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc"), Problem(2, 24, 100, 9, 1, 4, layout="blc"),
+                Problem(3, 16, 5000, 64, 1, 252, 8, dtype="fp16"), Problem(1, 1, 1)]
+
+
+@pytest.mark.parametrize("p", BWD_PROBLEMS, ids=lambda p: p.key)
+def test_bwd_enumeration_matches_brute_force(p):
+    from dwgen.families import bwd
+
+    expect = {combo for combo in itertools.product(*bwd.AXES.values()) if brute_force_bwd_ok(p, *combo)}
+    vs = enumerate_space(p, "bwd")
+    assert {tuple(getattr(v.config, a) for a in bwd.AXES) for v in vs} == expect and expect
+    assert all(v.direction == "bwd" and v.family.name == "dw1d_bwd" and v.name.startswith("dw1d_bwd_") for v in vs)
+    assert len({v.digest for v in vs}) == len(vs)
+    # the forward's space of the same problem is another one, and still the default
+    assert enumerate_space(p) == enumerate_space(p, "fwd") and not {v.digest for v in vs} & {
+        v.digest for v in enumerate_space(p)}
+
+
+def test_bwd_space_of_a_small_problem_by_name():
+    # (B, C, L) tiles: one channel a block, threads x outs positions no longer than the row (or 256)
+    assert [v.name for v in enumerate_space(Problem(4, 64, 1000), "bwd")] == [
+        "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o4", "dw1d_bwd_f32_k3_t256_o2"]
+
+
+def test_bwd_violations_name_the_failed_restrictions():
+    from dwgen.families.bwd import RESTRICTIONS as BWD_RESTRICTIONS
+    from dwgen.families.bwd import Config as BwdConfig
+
+    names = {r.__name__ for r in BWD_RESTRICTIONS}
+    strided = Problem(4, 2048, 8192, 3, 2, 1)
+    assert enumerate_space(strided, "bwd") == []
+    assert violations(strided, BwdConfig(), "bwd") == ["stride_one"]
+    assert violations(Problem(4, 64, 1000), BwdConfig(tc=16), "bwd") == ["tile_matches_layout"]
+    # 10 fp32 channels are not whole 16-byte vectors (4 channels) of a channel tile over (B, L, C) memory
+    assert violations(Problem(2, 10, 4096, layout="blc"), BwdConfig(tc=16), "bwd") == ["channels_whole_vectors"]
+    assert violations(Problem(4, 64, 100), BwdConfig(threads=128, outs=4), "bwd") == ["tile_fits_length"]
+    for p in BWD_PROBLEMS:
+        for c in all_bwd_configs():
+            bad = violations(p, c, "bwd")
+            assert set(bad) <= names and (not bad) == brute_force_bwd_ok(p, c.threads, c.outs, c.tc)
+
+
+def all_bwd_configs():
+    from dwgen.families import bwd
+
+    return [bwd.Config(*combo) for combo in itertools.product(*bwd.AXES.values())]
+
+
+def test_bwd_known_good_are_valid_where_kept():
+    from dwgen.families.bwd import KNOWN_GOOD as BWD_KNOWN_GOOD
+
+    for p in BWD_PROBLEMS:
+        kept = known_good(p, "bwd")
+        assert kept == [c for c in BWD_KNOWN_GOOD if not violations(p, c, "bwd")]
+    assert known_good(Problem(32, 512, 8192), "bwd")
+    assert known_good(Problem(8, 4096, 2048, 4, 1, 3, layout="blc"), "bwd")
+    assert known_good(Problem(4, 2048, 8192, 3, 2, 1), "bwd") == []
+
+
+def test_direction_key():
+    from dwgen.space import direction_key
+
+    p = Problem(4, 64, 1000)
+    assert direction_key(p) == direction_key(p, "fwd") == p.key == "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias"
+    assert direction_key(p, "bwd") == "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias_bwd"
+    with pytest.raises(ValueError, match="unknown direction"):
+        direction_key(p, "both")

@@ -39,3 +39,33 @@ def test_dry_run_compiles_a_small_space(tmp_path):
     out = run("--shape", "1x1x128", "--kernel-size", "31", "--dry-run", "--runs-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "built" in out.stdout and "FAILED" not in out.stdout
+
+
+def test_backward_of_a_strided_problem_is_refused_in_one_line(tmp_path):
+    out = run("--shape", "4x64x1000", "--stride", "2", "--direction", "bwd", "--dry-run", "--runs-dir", str(tmp_path))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == ["tune.py: the fused backward is stride 1 only; other strides use the generic "
+                                       "backward"]
+    assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.nvcc
+def test_dry_run_compiles_the_backward_space(tmp_path):
+    import json
+
+    out = run("--shape", "4x64x1000", "--direction", "bwd", "--dry-run", "--json", "--runs-dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = json.loads(out.stdout)
+    # the fused backward's whole space for this problem: tiles of at most 1000 positions, one channel a block
+    assert [r["variant"] for r in rows] == ["dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o4",
+                                            "dw1d_bwd_f32_k3_t256_o2"]
+    assert all(r["status"] == "ok" and r["spill_bytes"] == 0 for r in rows)
+    assert "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias_bwd: 3 valid variants" in out.stderr
+
+
+def test_a_suite_with_a_strided_problem_names_it_when_refusing_its_backward(tmp_path):
+    out = run("--suite", str(ROOT / "benchmarks" / "suite.txt"), "--direction", "bwd", "--dry-run",
+              "--runs-dir", str(tmp_path))
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "tune.py: 4x2048x8192_k3_s2_p1_d1_fp32_bcl_nobias: the fused backward is stride 1 only; other strides use "
+        "the generic backward"]

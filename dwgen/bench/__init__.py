@@ -190,3 +190,17 @@ def torch_operands(p: Problem, x, w, b):
     import torch.nn.functional as F
 
     return lambda: F.conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.channels)
+
+
+def torch_backward_operands(p: Problem, x, w, b, gy):
+    """PyTorch's backward of the problem alone: torch.autograd.grad of x, weight and bias through F.conv1d's
+    graph, recorded once and retained, so the time holds the backward's kernels and none of the forward's
+    (the benchmark's training rows take fwd+bwd less fwd instead; this is one measurement, not a difference)."""
+    import torch
+    import torch.nn.functional as F
+
+    leaves = [t.detach().requires_grad_() for t in (x, w, b) if t is not None]
+    with torch.enable_grad():
+        y = F.conv1d(leaves[0], leaves[1], leaves[2] if b is not None else None, stride=p.stride, padding=p.padding,
+                     dilation=p.dilation, groups=p.channels)
+    return lambda: torch.autograd.grad(y, leaves, gy, retain_graph=True)

@@ -1,0 +1,102 @@
+"""Backward variants, built and put through the backward worker's check and timing on the GPU, as tune.py
+--direction bwd does: each correct one timed beside copy_ and PyTorch's backward, a broken one caught."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dwgen import build, render
+from dwgen.problem import Problem
+from dwgen.result import Result
+from dwgen.space import enumerate_space
+from dwgen.worker import BwdGpuWorker, Candidate
+
+pytestmark = pytest.mark.gpu
+
+PROBLEMS = [
+    Problem(4, 64, 1000),
+    Problem(2, 32, 4097, 7, 1, 3, dtype="fp16", bias=True),
+    Problem(3, 16, 1024, 31, 1, 15, dtype="bf16"),
+    Problem(2, 8, 999, 5, 1, 4, 2),  # dilation 2
+    Problem(4, 256, 1000, 4, 1, 3, dtype="bf16", layout="blc"),
+    Problem(3, 96, 513, 3, 1, 1, layout="blc", bias=True),
+]
+
+
+def _arch() -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def _built(vs, tmp_path):
+    arch = _arch()
+    return build.compile_many([(v.name, render.render_variant(v), build.build_key(v.digest, arch)) for v in vs],
+                              tmp_path, arch=arch)
+
+
+@pytest.mark.parametrize("p", PROBLEMS, ids=lambda p: p.key)
+def test_sampled_backward_variants_pass_the_workers_check(p, tmp_path):
+    space = enumerate_space(p, "bwd")
+    vs = random.Random(0).sample(space, min(5, len(space)))
+    builds = _built(vs, tmp_path)
+    assert all(b.ok for b in builds), [b.log for b in builds if not b.ok]
+    worker = BwdGpuWorker(p)
+    try:
+        results = [worker.evaluate(Candidate(v, b.library), Result(v.name, v.digest, "ok", direction="bwd"))
+                   for v, b in zip(vs, builds, strict=True)]
+        bad = [r.summary() for r in results if not r.ok]
+        assert not bad, bad
+        assert all(r.direction == "bwd" and r.kernel_ms > 0 and r.copy_ms > 0 and r.torch_ms > 0
+                   and 0 <= r.max_rel_error < float("inf") for r in results)
+        cands = [Candidate(v, b.library) for v, b in zip(vs[:2], builds[:2], strict=True)]
+        times = worker.retime(cands, 5)
+        assert set(times) == {"copy_", "torch", *(c.variant.name for c in cands)} and min(times.values()) > 0
+    finally:
+        worker.close()
+    assert worker.restarts == 0
+
+
+def test_a_forward_library_is_no_backward_kernel(tmp_path):
+    """A library whose launch is not the backward's (here, no such symbol) fails the candidate, not the search."""
+    p = Problem(4, 64, 1000)
+    fwd, bwd = enumerate_space(p)[0], enumerate_space(p, "bwd")[0]
+    (b,) = _built([fwd], tmp_path)
+    worker = BwdGpuWorker(p)
+    try:
+        r = worker.evaluate(Candidate(bwd, b.library), Result(bwd.name, bwd.digest, "ok", direction="bwd"))
+        assert not r.ok and r.status in ("crashed", "launch_error")
+        (good,) = _built([bwd], tmp_path)
+        assert worker.evaluate(Candidate(bwd, good.library), Result(bwd.name, bwd.digest, "ok", direction="bwd")).ok
+    finally:
+        worker.close()
+
+
+def test_the_stream_check_catches_a_backward_launched_elsewhere(tmp_path):
+    import torch
+
+    from dwgen import check
+    from dwgen.worker import BwdLauncher
+
+    p = Problem(4, 64, 1000)
+    v = enumerate_space(p, "bwd")[0]
+    (b,) = _built([v], tmp_path)
+    launcher = BwdLauncher(Candidate(v, b.library))
+    other = torch.cuda.Stream()
+
+    def on_its_stream(q, x, w, b, gy, gx, gw, gb):
+        launcher.prepare(q, gy, x, w, b, gx, gw, gb)()
+
+    def elsewhere(q, x, w, b, gy, gx, gw, gb):
+        with torch.cuda.stream(other):  # not the stream the caller gave it
+            launcher.prepare(q, gy, x, w, b, gx, gw, gb)()
+
+    try:
+        assert check.check_backward_stream(p, on_its_stream).ok
+        bad = check.check_backward_stream(p, elsewhere)
+        assert not bad.ok and "stream it was given" in bad.message
+    finally:
+        torch.cuda.synchronize()
+        launcher.unload()

@@ -1,0 +1,113 @@
+"""tune.py's wiring of a backward tune (--direction bwd), with a fake builder and a fake GPU worker: its own
+study and runs folder, the backward worker, winners frozen beside the forward's and seeding the next tune."""
+from __future__ import annotations
+
+import pytest
+
+from dwgen import freeze
+from dwgen.families import bwd
+from dwgen.problem import Problem
+from search import study as st
+from search import workflow
+from tests.test_search import FakeBuilder, fake_bwd_time
+
+PROBLEM = Problem(8, 64, 4096)
+
+
+class FakeBwdWorker:
+    """What tune_problem asks of BwdGpuWorker, answered without a GPU; remembers every instance."""
+
+    made: list = []
+
+    def __init__(self, problem, timeout_s=None):
+        self.problem, self.evaluated, self.retimed, self.restarts = problem, [], [], 0
+        FakeBwdWorker.made.append(self)
+
+    def machine(self) -> dict:
+        return {"gpu": "Fake GPU", "capability": "9.0", "driver": "0", "torch": "0", "cuda": "0", "date": "today"}
+
+    def baselines(self) -> dict:
+        return {"copy_ms": 1.0, "torch_ms": 6.0}
+
+    def evaluate(self, cand, base):
+        assert cand.variant.direction == base.direction == "bwd"
+        self.evaluated.append(cand.variant)
+        return base.with_(kernel_ms=fake_bwd_time(cand.variant), copy_ms=1.0, torch_ms=6.0, reps=20)
+
+    def retime(self, cands, rounds):
+        self.retimed.append([c.variant for c in cands])
+        return {"copy_": 1.0, "torch": 6.0, **{c.variant.name: fake_bwd_time(c.variant) for c in cands}}
+
+    def close(self) -> None:
+        pass
+
+
+class NoForwardWorker:
+    def __init__(self, problem, timeout_s=None):
+        raise AssertionError("a backward tune started the forward's worker")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    from dwgen import worker
+
+    FakeBwdWorker.made = []
+    monkeypatch.setattr(workflow, "gpu_arch", lambda: "sm_90")
+    monkeypatch.setattr(workflow, "gpu_builder", lambda runs_dir, jobs, timeout_s=None: FakeBuilder())
+    monkeypatch.setattr(worker, "BwdGpuWorker", FakeBwdWorker)
+    monkeypatch.setattr(worker, "GpuWorker", NoForwardWorker)
+
+
+def tune(tmp_path, trials=6, problems=(PROBLEM,), out=None) -> tuple[int, list]:
+    winners: list = []
+    rc = workflow.tune(list(problems), trials=trials, timeout_s=None, sampler="tpe", seed=0, storage=None,
+                       runs_dir=tmp_path / "runs", out_dir=out or tmp_path / "generated", freeze=False, jobs=1,
+                       log=lambda s: None, quiet=True, report=winners.extend, direction="bwd")
+    return rc, winners
+
+
+def test_a_backward_tune_has_its_own_study_worker_and_report(tmp_path, fake_gpu):
+    import optuna
+
+    rc, winners = tune(tmp_path)
+    assert rc == 0 and len(winners) == 1 and len(FakeBwdWorker.made) == 1
+    (w,) = winners
+    assert w.variant.direction == w.result.direction == "bwd" and isinstance(w.variant.config, bwd.Config)
+    assert w.result.kernel_ms == min(fake_bwd_time(v) for v in FakeBwdWorker.made[0].evaluated)
+    assert w.result.torch_ms == 6.0 and w.machine["gpu"] == "Fake GPU"
+    storage = st.default_storage(tmp_path / "runs")
+    assert optuna.get_all_study_names(storage) == [st.study_name(PROBLEM, "bwd")]
+    key = f"{PROBLEM.key}_bwd"
+    assert (tmp_path / "runs" / key / "report.md").read_text().startswith(f"# {key}")
+    from search import report
+
+    assert report.report_from_storage(storage, key, tmp_path / "again",
+                                      bench_results=tmp_path / "none.json").exists()  # tune.py report KEY_bwd
+    with pytest.raises(report.ReportError, match="no study of"):
+        report.report_from_storage(storage, PROBLEM.key, tmp_path / "again")  # no forward study of it
+
+
+def test_a_frozen_backward_winner_seeds_and_joins_the_next_tune(tmp_path, fake_gpu):
+    from dwgen.result import Result
+    from dwgen.space import Variant, known_good
+
+    # frozen before: a design that is not the fakes' best, nor a known-good one the search asks first anyway
+    v = Variant(PROBLEM, bwd.Config(threads=128, outs=4), "bwd")
+    assert v.config not in known_good(PROBLEM, "bwd")
+    r = Result(v.name, v.digest, "ok", kernel_ms=fake_bwd_time(v), copy_ms=1.0, torch_ms=6.0, direction="bwd")
+    out = tmp_path / "generated"
+    freeze.freeze([freeze.Winner(v, r, FakeBwdWorker(PROBLEM).machine())], out, log=lambda s: None)
+    assert workflow.frozen_variant(PROBLEM, out, "bwd") == v
+    assert workflow.previous_config(PROBLEM, out, "bwd") == v.config
+    assert workflow.frozen_variant(PROBLEM, out) is None and workflow.previous_config(PROBLEM, out) is None
+    FakeBwdWorker.made = []
+    rc, (w,) = tune(tmp_path, out=out)
+    worker = FakeBwdWorker.made[0]
+    assert rc == 0 and worker.evaluated[0] == v  # asked first, before the known-good designs
+    assert v in worker.retimed[0] and w.variant != v  # re-timed beside the finalists, and beaten by the best
+
+
+def test_a_strided_problem_is_refused_before_any_work(tmp_path, fake_gpu):
+    with pytest.raises(workflow.UserError, match="the fused backward is stride 1 only"):
+        tune(tmp_path, problems=(PROBLEM, Problem(4, 64, 1000, 3, 2, 1)))
+    assert FakeBwdWorker.made == [] and not (tmp_path / "runs").exists()
