@@ -1,16 +1,16 @@
 """Run by tests/test_generated.py in a fresh process after building generated/ on a machine without a GPU:
-the ops are registered, CPU tensors get the one-line error from C++, and the fake implementations give the
-shapes and memory orders the CUDA kernels produce."""
+the ops are registered, CPU tensors get the one-line error from C++ (through the op and through the direct
+binding), and the fake implementations give the shapes and memory orders the CUDA kernels produce."""
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import generated
 
 ext = generated.build()
-assert hasattr(ext, "install") and hasattr(ext, "launch_backward")
+assert hasattr(ext, "forward") and hasattr(ext, "install") and hasattr(ext, "launch_backward")
 op, op_bwd = torch.ops.dwgen.depthwise_conv1d, torch.ops.dwgen.depthwise_conv1d_backward
 x, w = torch.randn(2, 8, 100), torch.randn(8, 1, 4)
-for call in (lambda: op(x, w, None, 1, 3, 0, 1, 1),
+for call in (lambda: op(x, w, None, 1, 3, 0, 1, 1), lambda: ext.forward(x, w, None, 1, 3, 0, 1, 1),
              lambda: op_bwd(torch.randn(2, 8, 100), x, w, None, 1, 3, 0, 1, 0)):
     try:
         call()
