@@ -1,0 +1,65 @@
+"""Host time of one call (µs of CPU to issue it) on a small problem, dwgen beside F.conv1d in one process.
+
+A quick look for the GPU host, not the bench: python scripts/probe-host.py [--shape 1x768x512] [--k 3]
+Each figure is the median of 9 rounds of 200 calls, with its 10th-90th percentile spread.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import generated  # noqa: E402
+
+
+def host_us(fn, calls: int = 200, rounds: int = 9) -> tuple[float, float, float]:
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    out.sort()
+    q = statistics.quantiles(out, n=10)
+    return statistics.median(out), q[0], q[-1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="1x768x512")
+    ap.add_argument("--k", type=int, default=3)
+    a = ap.parse_args()
+    b, c, n = map(int, a.shape.split("x"))
+    x = torch.randn(b, c, n, device="cuda")
+    w = torch.randn(c, 1, a.k, device="cuda")
+    pad = (a.k - 1) // 2
+    wp = torch.nn.Parameter(w.clone())
+    xg = x.clone().requires_grad_()
+    layer = generated.DepthwiseConv1d(c, a.k, padding=pad, bias=False, device="cuda")
+    op = torch.ops.dwgen.depthwise_conv1d.default
+    rows = {
+        "F.conv1d": lambda: F.conv1d(x, w, None, 1, pad, 1, c),
+        "dwgen plain call": lambda: generated.depthwise_conv1d(x, w, None, 1, pad),
+        "torch.ops.dwgen (.default)": lambda: op(x, w, None, 1, pad, pad, 1, 0),
+        "dwgen causal": lambda: generated.depthwise_conv1d(x, w, None, 1, "causal"),
+        "F.conv1d, grad": lambda: F.conv1d(xg, wp, None, 1, pad, 1, c),
+        "dwgen, grad": lambda: generated.depthwise_conv1d(xg, wp, None, 1, pad),
+        "layer, grad": lambda: layer(xg),
+    }
+    print(f"host µs per call, {a.shape} K{a.k} fp32 (median, p10-p90 over 9 rounds of 200 calls)")
+    for name, fn in rows.items():
+        m, lo, hi = host_us(fn)
+        print(f"{name:30s} {m:7.2f}  ({lo:.2f}-{hi:.2f})")
+
+
+if __name__ == "__main__":
+    main()
