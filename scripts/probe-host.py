@@ -45,6 +45,7 @@ def main() -> None:
     wp = torch.nn.Parameter(w.clone())
     xg = x.clone().requires_grad_()
     layer = generated.DepthwiseConv1d(c, a.k, padding=pad, bias=False, device="cuda")
+    generated.depthwise_conv1d(x, w, None, 1, pad)  # builds and loads the extension, registering the op
     op = torch.ops.dwgen.depthwise_conv1d.default
     rows = {
         "F.conv1d": lambda: F.conv1d(x, w, None, 1, pad, 1, c),
