@@ -55,8 +55,17 @@ class Tiling:
     @property
     def smem_bytes(self) -> int:
         c, h = self.config, self.halo
-        windows = (self.tile_length + 2 * h + self.slack + self.tile_length + h + self.slack) * c.tc
+        xw, gw = self.tile_length + 2 * h + self.slack, self.tile_length + h + self.slack
+        if self.problem.layout == "bcl":  # skewed: a float left empty after every 32 (as the template's skew())
+            windows = (xw + xw // 32 + 1) + (gw + gw // 32 + 1)
+        else:
+            windows = (xw + gw) * c.tc
         return 4 * (windows + c.threads // 32 * (self.problem.kernel_size + 1) * 32)
+
+    @property
+    def run_registers(self) -> int:
+        """Floats a thread holds for its run: x and grad_out windows of outs + halo, and outs results."""
+        return 2 * (self.config.outs + self.halo) + self.config.outs
 
 
 def stride_one(p: Problem, c: Config) -> bool:
@@ -80,6 +89,11 @@ def fits_static_smem(p: Problem, c: Config) -> bool:
     return Tiling(p, c).smem_bytes <= STATIC_SMEM_BYTES
 
 
+def run_fits_registers(p: Problem, c: Config) -> bool:
+    """Past about 96 floats of run state a thread spills (or holds so many registers that few warps fit)."""
+    return Tiling(p, c).run_registers <= 96
+
+
 def tile_fits_length(p: Problem, c: Config) -> bool:
     return Tiling(p, c).tile_length <= max(p.length, 256)
 
@@ -90,6 +104,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     whole_warps_per_channel_tile,
     channels_whole_vectors,
     fits_static_smem,
+    run_fits_registers,
     tile_fits_length,
 )
 
