@@ -67,7 +67,8 @@ FAULTS: dict[str, Fault] = {
         "a compile that never ends: it includes a named pipe that nobody writes", "timeout", "compile timeout",
         '#include "{fifo}"\n'),
     "launch_resources": Fault(
-        "asks for more threads a block (2048) than any GPU has", "launch_error", "cudaErrorInvalidConfiguration",
+        "asks for more threads a block (2048) than any GPU has", "launch_error",
+        "cudaErrorInvalidConfiguration|cudaErrorInvalidValue",  # the H200 with CUDA 13 answers the latter
         "__global__ void {kernel}(float* y) {{ y[threadIdx.x] = 0.0f; }}\n"
         + _launch("    {kernel}<<<1, 2048, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<float*>(y));\n"
                   "    return static_cast<int>(cudaGetLastError());")),
