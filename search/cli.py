@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dwgen import cli
 from dwgen.build import COMPILE_TIMEOUT_S
-from dwgen.problem import ProblemError
+from dwgen.problem import Problem, ProblemError
 from dwgen.suite import add_problem_arguments, problem_from_args, read_suite
 from dwgen.worker import RUN_TIMEOUT_S
 
@@ -127,6 +127,24 @@ def report(argv: list[str]) -> int:
     return 0
 
 
+def tunable(problems: list[Problem], direction: str, suite: Path | None) -> list[Problem]:
+    """The problems a tune can search, refused before anything is compiled or searched: a search of an empty
+    space would only end late with "no correct variant found", and a dry run would compile nothing and call
+    that success. A suite's strided problems keep the generic backward: skipped with a note, not refused."""
+    from dwgen.dryrun import BWD_STRIDE_ONE, no_variant_reason
+
+    reasons = [no_variant_reason(p, direction) for p in problems]
+    strided = [p for p, r in zip(problems, reasons, strict=True) if r == BWD_STRIDE_ONE]
+    for p, reason in zip(problems, reasons, strict=True):
+        if reason and not (reason == BWD_STRIDE_ONE and suite is not None):
+            raise ProblemError(reason if len(problems) == 1 or p.key in reason else f"{p.key}: {reason}")
+    if strided and len(strided) == len(problems):
+        raise ProblemError(BWD_STRIDE_ONE + (f": no problem of {suite} has a fused backward to tune" if suite else ""))
+    for p in strided:
+        print(f"tune.py: skipping {p.key}: {BWD_STRIDE_ONE}", file=sys.stderr)
+    return [p for p in problems if p not in strided]
+
+
 def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     if argv[:1] == ["show"]:  # a subcommand before any flag: `python tune.py --shape ...` stays as it was
@@ -138,14 +156,7 @@ def main(argv: list[str]) -> int:
         if bool(a.shape) == bool(a.suite):
             raise ProblemError("give either --shape BxCxL or --suite FILE")
         problems = read_suite(a.suite) if a.suite else [problem_from_args(a)]
-        # Refused before anything is compiled or searched: a search of an empty space would only end late
-        # with "no correct variant found", and a dry run would compile nothing and call that success.
-        from dwgen.dryrun import no_variant_reason
-
-        for p in problems:
-            reason = no_variant_reason(p, a.direction)
-            if reason:
-                raise ProblemError(reason if len(problems) == 1 or p.key in reason else f"{p.key}: {reason}")
+        problems = tunable(problems, a.direction, a.suite)
     except ProblemError as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 2

@@ -63,9 +63,24 @@ def test_dry_run_compiles_the_backward_space(tmp_path):
     assert "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias_bwd: 3 valid variants" in out.stderr
 
 
-def test_a_suite_with_a_strided_problem_names_it_when_refusing_its_backward(tmp_path):
-    out = run("--suite", str(ROOT / "benchmarks" / "suite.txt"), "--direction", "bwd", "--dry-run",
-              "--runs-dir", str(tmp_path))
+def test_a_suite_skips_its_strided_problems_backward_with_a_note(tmp_path, capsys):
+    """They keep the generic backward; the rest of the suite is tuned."""
+    from dwgen.problem import Problem
+    from search.cli import tunable
+
+    strided, plain = Problem(4, 2048, 8192, 3, 2, 1), Problem(4, 64, 1000)
+    assert tunable([strided, plain], "bwd", tmp_path / "suite.txt") == [plain]
+    assert capsys.readouterr().err.splitlines() == [
+        "tune.py: skipping 4x2048x8192_k3_s2_p1_d1_fp32_bcl_nobias: the fused backward is stride 1 only; other "
+        "strides use the generic backward"]
+    assert tunable([strided, plain], "fwd", tmp_path / "suite.txt") == [strided, plain]  # the forward has both
+
+
+def test_a_suite_of_strided_problems_only_has_no_backward_to_tune(tmp_path):
+    suite = tmp_path / "suite.txt"
+    suite.write_text("--shape 4x2048x8192 --kernel-size 3 --padding 1 --stride 2\n"
+                     "--shape 4x64x1000 --stride 3\n")
+    out = run("--suite", str(suite), "--direction", "bwd", "--dry-run", "--runs-dir", str(tmp_path))
     assert out.returncode == 2 and out.stderr.splitlines() == [
-        "tune.py: 4x2048x8192_k3_s2_p1_d1_fp32_bcl_nobias: the fused backward is stride 1 only; other strides use "
-        "the generic backward"]
+        f"tune.py: the fused backward is stride 1 only; other strides use the generic backward: no problem of "
+        f"{suite} has a fused backward to tune"]
