@@ -4,6 +4,7 @@
 #   tune    cold tune of the target shape (the README's command)
 #   tunecheck  the same, without touching generated/
 #   tunebwd the target shape's backward (tune.py --direction bwd), frozen beside its forward through the gate
+#   suitebwd  the suite's backward (tune.py --suite benchmarks/suite.txt --direction bwd; strided problems skipped)
 #   generic choose the fast generic kernel of each (dtype, layout, K) by measurement (frozen into generated/)
 #   suite   cold tune of benchmarks/suite.txt, frozen together (through the gate)
 #   gate    python -m dwgen.gate on generated/ (every frozen kernel through the built module)
@@ -43,6 +44,8 @@ for step in "$@"; do
     gate) timed gate python3 -m dwgen.gate ;;
     suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} \
              ${SUITE_WORKERS:+--workers $SUITE_WORKERS} ;;
+    suitebwd) timed suitebwd python3 tune.py --suite benchmarks/suite.txt --direction bwd \
+               ${SUITE_TRIALS:+--trials $SUITE_TRIALS} ${SUITE_WORKERS:+--workers $SUITE_WORKERS} ;;
     bench) timed bench python3 -m dwgen.bench ${BENCH_ONLY:+--only "$BENCH_ONLY"} ;;
     exhaustive) timed exhaustive python3 tune.py --shape 32x512x8192 --sampler grid --trials 100000 \
                   --storage memory --no-freeze ;;
