@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import itertools
-import math
 import json
+import math
 import os
 import subprocess
 import sys
