@@ -200,17 +200,17 @@ int dwgen_launch_dw1d_bwd_any_f32(const void*, const void*, const void*, const v
     long long, long long, long long, long long, long long, long long, long long, long long, const long long*,
     const long long*, const long long*, void*);
 long long dwgen_workspace_dw1d_bwd_any_f32(long long, long long, long long, long long, long long, long long, long long,
-    long long);
+    long long, long long);
 int dwgen_launch_dw1d_bwd_any_f16(const void*, const void*, const void*, const void*, void*, void*, void*, void*, long long,
     long long, long long, long long, long long, long long, long long, long long, long long, const long long*,
     const long long*, const long long*, void*);
 long long dwgen_workspace_dw1d_bwd_any_f16(long long, long long, long long, long long, long long, long long, long long,
-    long long);
+    long long, long long);
 int dwgen_launch_dw1d_bwd_any_bf16(const void*, const void*, const void*, const void*, void*, void*, void*, void*, long long,
     long long, long long, long long, long long, long long, long long, long long, long long, const long long*,
     const long long*, const long long*, void*);
 long long dwgen_workspace_dw1d_bwd_any_bf16(long long, long long, long long, long long, long long, long long, long long,
-    long long);
+    long long, long long);
 }
 
 namespace {
@@ -589,21 +589,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(const at::Tensor& g
     const long long gxs[3] = {gx.stride(0), gx.stride(1), gx.stride(2)};
     switch (x.scalar_type()) {
         case at::kFloat: {
-            at::Tensor work = at::empty({dwgen_workspace_dw1d_bwd_any_f32(x.size(0), C, x.size(2), Lout, K, S, pl, D)}, floats);
+            at::Tensor work = at::empty({dwgen_workspace_dw1d_bwd_any_f32(x.size(0), C, x.size(2), Lout, K, S, pl, D, act)}, floats);
             check_launch(dwgen_launch_dw1d_bwd_any_f32(gy.data_ptr(), x.data_ptr(), wc.data_ptr(), bp, gx.data_ptr(),
                                                  gw.data_ptr(), gb.data_ptr(), work.data_ptr(), x.size(0), C, x.size(2),
                                                  Lout, K, S, pl, D, act, xs, gys, gxs, stream), "dw1d_bwd_any_f32");
             break;
         }
         case at::kHalf: {
-            at::Tensor work = at::empty({dwgen_workspace_dw1d_bwd_any_f16(x.size(0), C, x.size(2), Lout, K, S, pl, D)}, floats);
+            at::Tensor work = at::empty({dwgen_workspace_dw1d_bwd_any_f16(x.size(0), C, x.size(2), Lout, K, S, pl, D, act)}, floats);
             check_launch(dwgen_launch_dw1d_bwd_any_f16(gy.data_ptr(), x.data_ptr(), wc.data_ptr(), bp, gx.data_ptr(),
                                                  gw.data_ptr(), gb.data_ptr(), work.data_ptr(), x.size(0), C, x.size(2),
                                                  Lout, K, S, pl, D, act, xs, gys, gxs, stream), "dw1d_bwd_any_f16");
             break;
         }
         case at::kBFloat16: {
-            at::Tensor work = at::empty({dwgen_workspace_dw1d_bwd_any_bf16(x.size(0), C, x.size(2), Lout, K, S, pl, D)}, floats);
+            at::Tensor work = at::empty({dwgen_workspace_dw1d_bwd_any_bf16(x.size(0), C, x.size(2), Lout, K, S, pl, D, act)}, floats);
             check_launch(dwgen_launch_dw1d_bwd_any_bf16(gy.data_ptr(), x.data_ptr(), wc.data_ptr(), bp, gx.data_ptr(),
                                                  gw.data_ptr(), gb.data_ptr(), work.data_ptr(), x.size(0), C, x.size(2),
                                                  Lout, K, S, pl, D, act, xs, gys, gxs, stream), "dw1d_bwd_any_bf16");

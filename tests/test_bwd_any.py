@@ -14,7 +14,7 @@ LAUNCH = ("(const void* gy, const void* x, const void* w, const void* b, void* g
           "long long B, long long C, long long L, long long Lout, long long K, long long S, long long P, long long D, "
           "long long act, const long long* xs, const long long* gys, const long long* gxs, void* stream)")
 WORKSPACE = ("(long long B, long long C, long long L, long long Lout, long long K, long long S, long long P, "
-             "long long D)")
+             "long long D, long long act)")
 
 
 def _one_line(src: str) -> str:
@@ -71,7 +71,7 @@ def test_fp32_compiles_exports_both_functions_and_sizes_its_workspace(tmp_path):
     # The workspace function is host code: callable here without a GPU (the CUDA runtime loads, unused).
     lib = ctypes.CDLL(b.library)
     ws = lib[f"dwgen_workspace_{name}"]
-    ws.restype, ws.argtypes = ctypes.c_longlong, [ctypes.c_longlong] * 8
+    ws.restype, ws.argtypes = ctypes.c_longlong, [ctypes.c_longlong] * 9
     cases = {  # (B, C, L, Lout, K, S, P, D): chunks
         (32, 512, 8192, 8192, 4, 1, 3, 1): 4,  # 2048 blocks of 65536 outputs each
         (8, 4096, 2048, 2048, 4, 1, 3, 1): 1,  # enough channels: one chunk each
@@ -84,8 +84,9 @@ def test_fp32_compiles_exports_both_functions_and_sizes_its_workspace(tmp_path):
     }
     for (B, C, L, Lout, K, S, P, D), n in cases.items():
         assert _chunks(B, C, Lout) == n
-        # the partials, chunks * C * (K + 1), then room for the SiLU gradient, B * C * Lout
-        assert ws(B, C, L, Lout, K, S, P, D) == n * C * (K + 1) + B * C * Lout, (B, C, L, Lout, K)
+        # the partials, chunks * C * (K + 1), then room for the SiLU gradient, B * C * Lout, under SiLU only
+        assert ws(B, C, L, Lout, K, S, P, D, 1) == n * C * (K + 1) + B * C * Lout, (B, C, L, Lout, K)
+        assert ws(B, C, L, Lout, K, S, P, D, 0) == n * C * (K + 1), (B, C, L, Lout, K)
 
 
 @pytest.mark.nvcc
