@@ -26,7 +26,7 @@ AXES: dict[str, tuple] = {
 OUTS_PER_N8 = 128  # an m16n8 product: 8 columns of 16 consecutive outputs
 ALIGN = 8  # elements in 16 bytes: the staged input starts this aligned, e in [0, ALIGN) shifts the taps
 W_OFF = (ALIGN - 1) + 15  # a fragment looks up taps from t - e - m = 0 - 7 - 15 on
-MAX_CHUNKS = 12  # A fragments live in registers: 4 a chunk
+MAX_CHUNKS = 12  # A fragments live in registers, 4 a chunk (K64 d2 takes 10: 76-80 registers)
 SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory without opting in to more
 MMA_TYPES = {"fp16": "f16", "bf16": "bf16"}
 
@@ -207,6 +207,9 @@ KNOWN_GOOD: tuple[Config, ...] = (
     Config(warps=8, nt=1, tile=2048),
     Config(warps=4, nt=4, tile=4096),
     Config(warps=2, nt=2, tile=512),
+    Config(warps=4, nt=2, tile=1024, walk="pers"),
+    Config(warps=2, nt=4, tile=1024, walk="pers"),
+    Config(warps=4, nt=1, tile=512, walk="pers"),
 )
 
 
