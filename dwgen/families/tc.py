@@ -234,3 +234,8 @@ def standalone(p: Problem, c: Config) -> tuple[str, str, str]:
         {"config": c.to_dict(), "signature": space.signature(p), "flags": list(space.NVCC_FLAGS)},
         (TEMPLATE, space.COMMON_TEMPLATE))
     return name, digest, render.render_family(TEMPLATE, render_context(p, c), p.dtype, name, digest)
+
+
+def applies(p: Problem) -> bool:
+    """The problems any config can serve: what RESTRICTIONS ask of the problem alone."""
+    return p.dtype in MMA_TYPES and p.layout == "bcl" and p.stride == 1
