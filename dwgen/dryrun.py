@@ -9,7 +9,7 @@ from dwgen import build, render
 from dwgen.families import bcl, blc
 from dwgen.problem import Problem
 from dwgen.progress import Progress
-from dwgen.space import all_configs, direction_key, enumerate_space, family_of, violations
+from dwgen.space import all_configs, direction_key, enumerate_space, families_of, family_of, violations
 
 # What a user can change when one restriction rules out every config; the others name themselves.
 _HINTS = {
@@ -33,7 +33,9 @@ def no_variant_reason(problem: Problem, direction: str = "fwd") -> str | None:
     None when it has."""
     if direction == "bwd" and problem.stride != 1:
         return BWD_STRIDE_ONE
-    broken: set[str] | None = None
+    if any(not violations(problem, c, direction) for f in families_of(problem, direction)[1:] for c in all_configs(f)):
+        return None
+    broken: set[str] | None = None  # why not, in the primary family's terms
     for c in all_configs(family_of(problem, direction)):
         bad = violations(problem, c, direction)
         if not bad:

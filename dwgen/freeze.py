@@ -82,7 +82,7 @@ def _kernel_record(v: Variant) -> dict:
         "file": f"kernels/{v.name}-{v.digest[:12]}.cu",
         "signature": signature(v.problem),
         "direction": v.family.direction,
-        "config": v.config.to_dict(),
+        "config": v.config_dict,
         "align_bytes": v.align_bytes,
         "channel_multiple": v.channel_multiple,
         # (B, C, L) kernels read from the vector boundary before a misaligned x; (B, L, C) ones need it aligned
@@ -104,7 +104,7 @@ def _entry(w: Winner) -> dict:
         "direction": v.direction,
         "kernel": v.name,
         "digest": v.digest,
-        "config": v.config.to_dict(),
+        "config": v.config_dict,
         "measured": {
             "kernel_ms": r.kernel_ms,
             "copy_ms": r.copy_ms,

@@ -89,18 +89,25 @@ def render_variant(v: Variant) -> str:
     bad = violations(v.problem, v.config, v.direction)
     if bad:
         raise RenderError(f"{v.name} breaks {', '.join(bad)}")
-    d = DTYPES[v.problem.dtype]
-    family_ctx = _validated(v.family.module.render_context(v.problem, v.config))
+    return render_family(v.family.template, v.family.module.render_context(v.problem, v.config), v.problem.dtype,
+                         v.name, v.digest, v.family.direction)
+
+
+def render_family(template: str, family_ctx: dict, dtype: str, name: str, digest: str, direction: str = "fwd") -> str:
+    """CUDA source of a family template from its family's render context (validated here), element type,
+    name and digest; render_variant's body, open to a family not (yet) in the registry."""
+    d = DTYPES[dtype]
+    family_ctx = _validated(family_ctx)
     ctx = {
         **family_ctx,
         **_dtype_context(d),
-        "template": v.family.template,
-        "name": _identifier(v.name),
-        "digest": v.digest,
+        "template": template,
+        "name": _identifier(name),
+        "digest": digest,
         "vec_type": d.vector_type(family_ctx["vec"]),
-        "launch_params": contract.cpp_params(v.family.direction),
+        "launch_params": contract.cpp_params(direction),
     }
-    return _ENV.get_template(v.family.template).render(**ctx)
+    return _ENV.get_template(template).render(**ctx)
 
 
 def any_name(dtype: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, bwd
+from dwgen.families import bcl, blc, bwd, tc
 from dwgen.problem import Problem, ProblemError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -52,12 +52,19 @@ class Family:
     def restrictions(self) -> tuple[Callable, ...]:
         return self.module.RESTRICTIONS
 
+    def applies(self, p: Problem) -> bool:
+        """Whether any variant of this family can serve p (a module may say so cheaply; else assume it can)."""
+        return getattr(self.module, "applies", lambda _: True)(p)
 
-FAMILIES: dict[tuple[str, str], Family] = {
-    ("fwd", "bcl"): Family("dw1d", "fwd", "bcl", bcl),
-    ("fwd", "blc"): Family("dw1d", "fwd", "blc", blc),
-    ("bwd", "bcl"): Family("dw1d_bwd", "bwd", "bcl", bwd),
-    ("bwd", "blc"): Family("dw1d_bwd", "bwd", "blc", bwd),
+
+# Each (direction, layout) has one or more families; the first is its primary one: the generic fast path
+# and a tune's plain parameter names are its. The others join a tune where they apply, their parameters
+# named `family.axis` beside a `family` choice.
+FAMILIES: dict[tuple[str, str], tuple[Family, ...]] = {
+    ("fwd", "bcl"): (Family("dw1d", "fwd", "bcl", bcl), Family("dw1d_tc", "fwd", "bcl", tc)),
+    ("fwd", "blc"): (Family("dw1d", "fwd", "blc", blc),),
+    ("bwd", "bcl"): (Family("dw1d_bwd", "bwd", "bcl", bwd),),
+    ("bwd", "blc"): (Family("dw1d_bwd", "bwd", "blc", bwd),),
 }
 DIRECTIONS = ("fwd", "bwd")
 
@@ -71,7 +78,27 @@ def direction_key(p: Problem, direction: str = "fwd") -> str:
 
 
 def family_of(p: Problem, direction: str = "fwd") -> Family:
-    return FAMILIES[(direction, p.layout)]
+    """The primary family of p's direction and layout."""
+    return FAMILIES[(direction, p.layout)][0]
+
+
+def families_of(p: Problem, direction: str = "fwd") -> tuple[Family, ...]:
+    """The families that can serve p in a direction, the primary one first (always, to say why not)."""
+    primary, *others = FAMILIES[(direction, p.layout)]
+    return (primary, *(f for f in others if f.applies(p)))
+
+
+def family_of_config(p: Problem, config, direction: str = "fwd") -> Family:
+    """The family whose config `config` is, among those of p's direction and layout."""
+    for f in FAMILIES[(direction, p.layout)]:
+        if isinstance(config, f.config_type):
+            return f
+    raise ValueError(f"{type(config).__name__} is no config of a {direction} {p.layout} family")
+
+
+def _param_prefix(p: Problem, f: Family, direction: str) -> str:
+    """How a tune names f's axes: plainly for the primary family, `family.` before the others'."""
+    return "" if f is family_of(p, direction) else f"{f.name}."
 
 
 def signature(p: Problem) -> dict:
@@ -80,9 +107,10 @@ def signature(p: Problem) -> dict:
             "layout": p.layout}
 
 
-def signature_tokens(p: Problem, direction: str = "fwd") -> list[str]:
-    """The first tokens of a variant's name: what it is specialised to (dw1d[_bwd]_f32_k7[_s2][_d2])."""
-    parts = [family_of(p, direction).name, DTYPES[p.dtype].token, f"k{p.kernel_size}"]
+def signature_tokens(p: Problem, direction: str = "fwd", family: Family | None = None) -> list[str]:
+    """The first tokens of a variant's name: its family and what it is specialised to
+    (dw1d[_bwd]_f32_k7[_s2][_d2]); the primary family's unless `family` is given."""
+    parts = [(family or family_of(p, direction)).name, DTYPES[p.dtype].token, f"k{p.kernel_size}"]
     if p.stride != 1:
         parts.append(f"s{p.stride}")
     if p.dilation != 1:
@@ -103,7 +131,7 @@ class Variant:
 
     @property
     def family(self) -> Family:
-        return family_of(self.problem, self.direction)
+        return family_of_config(self.problem, self.config, self.direction)
 
     @property
     def tiling(self):
@@ -125,7 +153,8 @@ class Variant:
     @property
     def name(self) -> str:
         """Short tokens in a fixed order; booleans and defaults appear as a token or not at all."""
-        return "_".join(signature_tokens(self.problem, self.direction) + self.family.module.name_tokens(self.config))
+        f = self.family
+        return "_".join(signature_tokens(self.problem, self.direction, f) + f.module.name_tokens(self.config))
 
     @property
     def digest(self) -> str:
@@ -149,21 +178,71 @@ class Variant:
                 out.append(q)
         return out
 
+    @property
+    def config_dict(self) -> dict:
+        """The config as make_config reads it back: its axes, and its family's name when not the primary."""
+        f = self.family
+        primary = f is family_of(self.problem, self.direction)
+        return {**self.config.to_dict(), **({} if primary else {"family": f.name})}
+
     def to_dict(self) -> dict:
-        return {"problem": self.problem.to_dict(), "config": self.config.to_dict(), "direction": self.direction}
+        return {"problem": self.problem.to_dict(), "config": self.config_dict, "direction": self.direction}
 
 
 def make_config(p: Problem, params: dict, direction: str = "fwd"):
-    """The config of p's family with these axis values (ValueError when one is off its axis)."""
-    return family_of(p, direction).config_type(**params)
+    """The config these values make (ValueError when one is off its axis): a config dict of any family of p
+    (`family` names one that is not the primary), or a tune's parameters (other families' as `family.axis`)."""
+    fams = FAMILIES[(direction, p.layout)]
+    name = params.get("family", fams[0].name)
+    f = next((f for f in fams if f.name == name), None)
+    if f is None:
+        names = ", ".join(g.name for g in fams)
+        raise ValueError(f"no family {name!r} among the {direction} {p.layout} ones ({names})")
+    known = {"family", *f.axes, *fams[0].axes, *(k for g in fams[1:] for k in trial_params_names(g))}
+    unknown = set(params) - known
+    if unknown:
+        raise ValueError(f"unknown axes {sorted(unknown)} for {f.name}")
+    prefix = "" if f is fams[0] else f"{f.name}."
+    values = {a: params[prefix + a] if prefix + a in params else params[a] for a in f.axes
+              if prefix + a in params or a in params}
+    return f.config_type(**values)
+
+
+def trial_params_names(f: Family) -> list[str]:
+    return [f"{f.name}.{a}" for a in f.axes]
+
+
+def trial_params(p: Problem, config, direction: str = "fwd") -> dict:
+    """A config as a tune's parameters (make_config's inverse over the tune's distributions)."""
+    if len(families_of(p, direction)) == 1:
+        return config.to_dict()
+    f = family_of_config(p, config, direction)
+    prefix = _param_prefix(p, f, direction)
+    return {"family": f.name, **{prefix + k: v for k, v in config.to_dict().items()}}
+
+
+def tune_axes(p: Problem, direction: str = "fwd") -> dict[str, tuple]:
+    """Every parameter a tune of p asks, with its values: the primary family's axes, and with several
+    families the choice of one and the others' axes as `family.axis`."""
+    fams = families_of(p, direction)
+    axes = dict(fams[0].axes)
+    if len(fams) > 1:
+        axes["family"] = tuple(f.name for f in fams)
+        for f in fams[1:]:
+            axes.update({f"{f.name}.{a}": v for a, v in f.axes.items()})
+    return axes
 
 
 def config_from_name(name: str, problem: Problem):
-    """The config of a variant name such as dw1d_f32_k7_t128_v4_o2_row_l1, which must fit `problem`."""
-    tokens, prefix = name.split("_"), signature_tokens(problem)
-    if tokens[:len(prefix)] != prefix:
-        raise ValueError(f"{name} is not a variant of {problem.key} (expected it to start with {'_'.join(prefix)}_)")
-    config = family_of(problem).module.config_from_tokens(tokens[len(prefix):], name)
+    """The config of a forward variant name such as dw1d_f32_k7_t128_v4_o2_row_l1, which must fit `problem`
+    (a family's name may hold an underscore: the longest matching prefix names it)."""
+    prefixes = sorted((("_".join(signature_tokens(problem, "fwd", f)) + "_", f) for f in families_of(problem)),
+                      key=lambda pf: -len(pf[0]))
+    match = next(((pre, f) for pre, f in prefixes if name.startswith(pre)), None)
+    if match is None:
+        raise ValueError(f"{name} is not a variant of {problem.key} (expected it to start with {prefixes[-1][0]})")
+    pre, f = match
+    config = f.module.config_from_tokens(name[len(pre):].split("_"), name)
     if Variant(problem, config).name != name:
         raise ValueError(f"{name} is not a canonical variant name (did you mean {Variant(problem, config).name}?)")
     return config
@@ -184,7 +263,7 @@ def content_digest(payload: dict, templates: tuple[str, ...]) -> str:
 
 def violations(p: Problem, c, direction: str = "fwd") -> list[str]:
     """Names of the restrictions (p, c) breaks; empty when the variant is valid."""
-    return [r.__name__ for r in family_of(p, direction).restrictions if not r(p, c)]
+    return [r.__name__ for r in family_of_config(p, c, direction).restrictions if not r(p, c)]
 
 
 def all_configs(family: Family):
@@ -195,14 +274,18 @@ def all_configs(family: Family):
 
 def enumerate_space(p: Problem, direction: str = "fwd") -> list[Variant]:
     """Every valid variant for a problem in a direction, in a fixed order."""
-    return [Variant(p, c, direction) for c in all_configs(family_of(p, direction)) if not violations(p, c, direction)]
+    return [Variant(p, c, direction) for f in families_of(p, direction) for c in all_configs(f)
+            if not violations(p, c, direction)]
 
 
 def known_good(p: Problem, direction: str = "fwd") -> list:
     """The family's proven designs that fit p, those with the widest accesses for p's dtype first: a short
-    tune asks only the first few, and the 16-bit winners are 16-byte designs listed after the fp32 ones."""
-    fits = [c for c in family_of(p, direction).module.KNOWN_GOOD if not violations(p, c, direction)]
-    return sorted(fits, key=lambda c: -getattr(c, "vec", 0) * p.elem_bytes)
+    tune asks only the first few, and the 16-bit winners are 16-byte designs listed after the fp32 ones.
+    With several families, they take turns."""
+    per_family = [sorted((c for c in f.module.KNOWN_GOOD if not violations(p, c, direction)),
+                         key=lambda c: -getattr(c, "vec", 0) * p.elem_bytes) for f in families_of(p, direction)]
+    # families take turns, so that a short tune asks each family's best designs
+    return [c for group in itertools.zip_longest(*per_family) for c in group if c is not None]
 
 
 # The frozen module's fast path for problems nobody tuned: one kernel per (dtype, layout, K) for stride 1
@@ -221,7 +304,7 @@ def generic_variants(chosen: dict[str, dict] | None = None, direction: str = "fw
     `chosen` maps a signature key to measured params (else the family's default design)."""
     chosen = chosen or {}
     out = []
-    for (fam_direction, layout), fam in FAMILIES.items():
+    for (fam_direction, layout), (fam, *_) in FAMILIES.items():  # the primary families only
         if fam_direction != direction:
             continue
         for dtype in DTYPES:

@@ -19,6 +19,7 @@
 #           frozen into a copy of generated/ and dispatched)
 #   SUITE_WORKERS=N makes the suite step search with one worker process per GPU (tune.py --workers N)
 #   build   the first build of generated/, timed
+#   tcself  scripts/tc_selftest.py: the tensor-core forward against float64 on edge problems, then timed
 #   host    scripts/probe-host.py: µs of CPU per call, dwgen beside F.conv1d (1x768x512)
 #   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
 #   some    python -m pytest on TEST_FILES
@@ -57,6 +58,7 @@ for step in "$@"; do
     build) timed build python3 -c "import time, generated; t = time.time(); generated.build(); print(f'built in {time.time() - t:.0f} s')" ;;
     probe) timed probe python3 scripts/probe-train.py ;;
     host) timed host python3 scripts/probe-host.py ;;
+    tcself) timed tcself python3 scripts/tc_selftest.py ;;
     some) timed some python3 -m pytest -q -rs ${TEST_FILES:-tests/gpu} ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;

@@ -15,7 +15,7 @@ from dwgen.build import Build
 from dwgen.problem import Problem
 from dwgen.progress import Progress, best_text
 from dwgen.result import Result
-from dwgen.space import Variant, known_good, make_config, violations
+from dwgen.space import Variant, known_good, make_config, trial_params, violations
 from dwgen.worker import Candidate
 from search import study as st
 from search.samplers import SpaceSampler
@@ -229,7 +229,7 @@ def enqueue_seeds(study: optuna.Study, problem: Problem, seeds: Sequence = ()) -
     """Ask `seeds` first, then the known-good designs of the study's direction, each once (a seed that is also
     known-good too)."""
     for c in [*seeds, *known_good(problem, st.study_direction(study))]:
-        study.enqueue_trial(c.to_dict(), skip_if_exists=True)
+        study.enqueue_trial(trial_params(problem, c, st.study_direction(study)), skip_if_exists=True)
 
 
 def _batch_ticker(progress: Progress, n: int) -> Callable[[Build], None]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import optuna
 
 from dwgen.problem import Problem
-from dwgen.space import enumerate_space, family_of
+from dwgen.space import Variant, enumerate_space, make_config, trial_params, tune_axes
 
 
 class SpaceSampler(optuna.samplers.BaseSampler):
@@ -19,16 +19,30 @@ class SpaceSampler(optuna.samplers.BaseSampler):
     with those it has not seen."""
 
     def __init__(self, problem: Problem, seed: int, direction: str = "fwd"):
-        self._axes = axes = family_of(problem, direction).axes
-        self._order = [tuple(getattr(v.config, a) for a in axes) for v in enumerate_space(problem, direction)]
+        self._problem, self._direction = problem, direction
+        axes = tune_axes(problem, direction)
+        self._order = [(v.digest, trial_params(problem, v.config, direction))
+                       for v in enumerate_space(problem, direction)]
         random.Random(seed).shuffle(self._order)
         self._space = {a: optuna.distributions.CategoricalDistribution(list(vals)) for a, vals in axes.items()}
+        # what a proposal says of the axes of the families it does not choose
+        self._filler = {a: vals[0] for a, vals in axes.items()}
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
+        self._seen: dict[int, str | None] = {}  # trial number -> the variant its params name
 
-    def _next(self, study: optuna.Study) -> tuple | None:
+    def _digest(self, params: dict) -> str | None:
+        try:
+            return Variant(self._problem, make_config(self._problem, params, self._direction), self._direction).digest
+        except (KeyError, ValueError):
+            return None
+
+    def _next(self, study: optuna.Study) -> dict | None:
         # Trials being evaluated hold their params already, so a batch of asks never repeats one.
-        seen = {tuple(t.params.get(a) for a in self._axes) for t in study.get_trials(deepcopy=False)}
-        return next((c for c in self._order if c not in seen), None)
+        for t in study.get_trials(deepcopy=False):
+            if t.params and t.number not in self._seen:
+                self._seen[t.number] = self._digest(t.params)
+        seen = set(self._seen.values())
+        return next((params for digest, params in self._order if digest not in seen), None)
 
     def is_exhausted(self, study: optuna.Study) -> bool:
         return self._next(study) is None
@@ -38,7 +52,7 @@ class SpaceSampler(optuna.samplers.BaseSampler):
 
     def sample_relative(self, study, trial, search_space) -> dict:
         nxt = self._next(study)
-        return {} if nxt is None else dict(zip(self._axes, nxt, strict=True))
+        return {} if nxt is None else {**self._filler, **nxt}
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         # Only reached once the space is used up (the search loop stops asking before that).

@@ -16,20 +16,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import FAMILIES, LAUNCH_RULES, direction_key, family_of, make_config
+from dwgen.space import FAMILIES, LAUNCH_RULES, direction_key, make_config, tune_axes
 from search.samplers import make_sampler
 
 DEFAULT_RUNS_DIR = Path("runs")
 # Studies are per problem and per version of the axes and launch rules: a changed space starts a new study.
-SPACE_TAG = hashlib.sha256(json.dumps({"axes": {f"{d}_{lay}": {k: list(v) for k, v in f.axes.items()}
-                                                for (d, lay), f in FAMILIES.items()},
+SPACE_TAG = hashlib.sha256(json.dumps({"axes": {f"{d}_{lay}_{f.name}": {k: list(v) for k, v in f.axes.items()}
+                                                for (d, lay), fams in FAMILIES.items() for f in fams},
                                        "launch_rules": LAUNCH_RULES}).encode()).hexdigest()[:8]
 
 
 def distributions(p: Problem, direction: str = "fwd") -> dict:
-    """Optuna's view of the axes of the problem's family in a direction."""
-    return {k: optuna.distributions.CategoricalDistribution(list(v))
-            for k, v in family_of(p, direction).axes.items()}
+    """Optuna's view of the parameters of a tune of the problem in a direction (space.tune_axes)."""
+    return {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in tune_axes(p, direction).items()}
 
 RESULT_ATTR = "result"
 SKIP_ATTR = "skipped"

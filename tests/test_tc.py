@@ -1,0 +1,317 @@
+"""The tensor-core forward family: naming, restrictions, geometry, rendering, and its kernel's index arithmetic
+emulated lane by lane (PTX fragment layouts) against F.conv1d; nvcc builds are marked slow."""
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dwgen import render
+from dwgen.build import nvcc_path, parse_ptxas
+from dwgen.dtypes import DTYPES, torch_dtype
+from dwgen.families import tc
+from dwgen.problem import Problem
+from dwgen.space import COMMON_TEMPLATE, NVCC_FLAGS, template_text
+from tests.conftest import has_nvcc
+
+TARGET = Problem(32, 512, 1024, 31, 1, 15, 1, "fp16")
+
+
+def every_config():
+    names = list(tc.AXES)
+    return [tc.Config(**dict(zip(names, vals, strict=True))) for vals in itertools.product(*tc.AXES.values())]
+
+
+def valid(p: Problem, c: tc.Config) -> list[str]:
+    return [r.__name__ for r in tc.RESTRICTIONS if not r(p, c)]
+
+
+# ---- naming -----------------------------------------------------------------------------------------
+
+
+def test_golden_name():
+    assert tc.standalone(TARGET, tc.Config(4, 2, 1024))[0] == "dw1d_tc_f16_k31_w4_n2_t1024"
+    p = Problem(8, 64, 4096, 7, 1, 6, 2, "bf16")
+    assert tc.standalone(p, tc.Config(2, 1, 512, "pers"))[0] == "dw1d_tc_bf16_k7_d2_w2_n1_t512_pers"
+
+
+def test_names_round_trip():
+    for c in every_config():
+        assert tc.config_from_tokens(tc.name_tokens(c), "x") == c
+
+
+@pytest.mark.parametrize("tokens", [["w4", "n2"], ["w4", "n2", "t1024", "t512"], ["w4", "n2", "t1024", "cs"],
+                                    ["w3", "n2", "t1024"], ["w4", "n2", "t1024", "pers", "pers"]])
+def test_bad_tokens_are_refused(tokens):
+    with pytest.raises(ValueError):
+        tc.config_from_tokens(tokens, "_".join(tokens))
+
+
+# ---- restrictions and geometry ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p, c, broken", [
+    (Problem(4, 64, 4096, 31, 1, 15, 1, "fp32"), tc.Config(), "sixteen_bit_only"),
+    (Problem(4, 64, 4096, 31, 1, 15, 1, "bf16", layout="blc"), tc.Config(), "bcl_only"),
+    (Problem(4, 64, 4096, 31, 2, 15, 1, "fp16"), tc.Config(), "unit_stride"),
+    (Problem(4, 64, 4096, 64, 1, 0, 3, "fp16"), tc.Config(), "a_fits_registers"),
+    (Problem(4, 64, 700, 7, 1, 3, 1, "fp16"), tc.Config(4, 1, 1024), "tile_fits_row"),
+    (TARGET, tc.Config(8, 4, 2048), "tile_holds_whole_steps"),
+])
+def test_each_restriction_refuses_what_it_names(p, c, broken):
+    assert valid(p, c) == [broken]
+    with pytest.raises(render.RenderError, match=broken):
+        tc.standalone(p, c)
+
+
+def test_a_tile_of_one_step_may_pass_the_rows_end():
+    assert valid(Problem(4, 64, 300, 7, 1, 3, 1, "fp16"), tc.Config(4, 2, 1024)) == []
+
+
+def test_shared_memory_is_checked_against_the_limit():
+    p = Problem(1, 8, 65536, 64, 1, 0, 2, "fp16")
+    t = tc.Tiling(p, tc.Config(8, 4, 4096, "pers"))
+    assert t.smem_bytes == 2 * t.x_vectors * 16 + 4096 * 2 + t.w_pairs * 4 <= tc.SMEM_LIMIT_BYTES
+    assert valid(p, tc.Config(8, 4, 4096, "pers")) == []
+
+
+@pytest.mark.parametrize("k, d, nch", [(1, 1, (1, 2)), (3, 1, (2, 2)), (7, 1, (2, 2)), (31, 1, (3, 4)),
+                                       (17, 1, (2, 3)), (64, 1, (5, 6)), (7, 2, (2, 3)), (64, 2, (9, 10))])
+def test_chunks_cover_every_tap_at_every_shift(k, d, nch):
+    t = tc.Tiling(Problem(1, 1, 4096, k, 1, 0, d, "fp16"), tc.Config())
+    assert (t.nch_min, t.nch_max) == nch
+    # the last tap of the last output of a block, at the worst shift, is inside the chunks
+    assert 15 + (k - 1) * d + (tc.ALIGN - 1) < 16 * t.nch_max
+    assert 15 + (k - 1) * d < 16 * t.nch_min
+
+
+def test_target_space_is_not_empty_and_known_good_is_valid_there():
+    assert any(not valid(TARGET, c) for c in every_config())
+    for p in (TARGET, Problem(16, 1024, 4096, 7, 1, 3, 1, "bf16"), Problem(32, 512, 8192, 3, 1, 1, 1, "bf16")):
+        assert not valid(p, tc.generic_config(p))
+        assert all(not valid(p, c) for c in tc.KNOWN_GOOD if c.tile <= p.out_length)
+
+
+def test_edge_sizes_cover_every_input_shift():
+    sizes = tc.edge_sizes(TARGET, tc.Config())
+    assert {(-pad) % tc.ALIGN for _, _, _, pad, _ in sizes} == set(range(tc.ALIGN))
+    assert any(n % 2 for _, _, n, _, _ in sizes) and any(n < TARGET.kernel_size for _, _, n, _, _ in sizes)
+
+
+def test_align_is_one_element():
+    assert tc.align_bytes(TARGET, tc.Config()) == 2 and tc.channel_multiple(TARGET, tc.Config()) == 1
+
+
+# ---- rendering --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, mma", [("fp16", "f16"), ("bf16", "bf16")])
+def test_renders_with_its_dtype_and_walk(dtype, mma):
+    p = Problem(2, 4, 4096, 7, 1, 3, 2, dtype)
+    for walk in tc.AXES["walk"]:
+        name, digest, src = tc.standalone(p, tc.Config(4, 2, 1024, walk))
+        assert src.splitlines()[0] == f"// generated by dwgen from dw1d_tc.cu.j2 — {name} {digest} — do not edit"
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{mma}.{mma}.f32" in src
+        assert f"cvt.rn.{mma}x2.f32" in src
+        assert "constexpr int K = 7;" in src and "constexpr int D = 2;" in src
+        assert f"constexpr bool PERSISTENT = {'true' if walk == 'pers' else 'false'};" in src
+        assert f'extern "C" int dwgen_launch_{name}(const void* x, const void* w, const void* b, void* y,' in src
+
+
+def test_digest_follows_config_and_template():
+    a = tc.standalone(TARGET, tc.Config(4, 2, 1024))[1]
+    assert a != tc.standalone(TARGET, tc.Config(4, 1, 1024))[1]
+    assert a == tc.standalone(TARGET, tc.Config(4, 2, 1024))[1]
+
+
+# ---- the kernel, emulated ---------------------------------------------------------------------------
+# A transliteration of dw1d_tc.cu.j2's index arithmetic: staging, tap pairs, per-lane fragments, the
+# epilogue's stores, with mma.sync done from the fragments by the PTX ISA's layout tables (written out
+# below independently of the kernel's permutations). The index expressions it shares with the template are
+# evaluated from the very strings that test_emulated_expressions_are_the_templates finds in the template
+# (C++ and Python agree on these int operations), so the emulation cannot drift from the kernel unnoticed.
+
+A_INDEX = "W_OFF + 16 * c + 4 * q + 2 * (r >> 1) - e - 2 * g - (r & 1)"
+B_INDEX = "4 * (blk0 + 8 * s + g + c) + q"
+Y_WORD = "8 * (blk0 + 8 * s + 2 * q) + g"
+
+
+def test_emulated_expressions_are_the_templates():
+    src = template_text(tc.TEMPLATE)
+    for expr in (A_INDEX, B_INDEX, Y_WORD, "pack2(v[0], v[2])", "pack2(v[1], v[3])",
+                 "it.j0 = t * TILE - static_cast<int>(it.yrow & (V - 1))",
+                 "it.e = static_cast<int>((it.xrow + it.j0 - P) & (V - 1))", "const int a0 = it.j0 - P - it.e;",
+                 "wp[i] = taps[n][0] | taps[n][1] << 16", "tap_bits(wc, i - W_OFF)",
+                 "const long long head = Lout % V == 0 ? yoff : V - 1;",
+                 "it.e + 16 + (K - 1) * D <= 16 * NCH_MIN", "(st * WARPS + warp) * NT * 8"):
+        assert expr in src, expr
+    assert "activate" in template_text(COMMON_TEMPLATE)
+
+
+def _bits(values, dtype) -> np.ndarray:
+    t = torch.as_tensor(np.asarray(values, dtype=np.float32)).to(dtype)
+    return t.view(torch.int16).numpy().astype(np.uint16).astype(np.uint32)
+
+
+def _value(bits, dtype) -> np.ndarray:
+    b = torch.from_numpy(np.asarray(bits, dtype=np.uint32).astype(np.uint16).view(np.int16))
+    return b.view(dtype).double().numpy()
+
+
+def _mma(acc, a, b0, b1, dtype):
+    """acc += A @ B for one warp, from its fragments (lane-major arrays) laid out as the PTX ISA says."""
+    lane = np.arange(32)
+    g, q = lane >> 2, lane & 3
+    A, B, C = np.full((16, 16), np.nan), np.full((16, 8), np.nan), np.full((16, 8), np.nan)
+    for r, (row, col) in enumerate([(g, 2 * q), (g + 8, 2 * q), (g, 2 * q + 8), (g + 8, 2 * q + 8)]):
+        A[row, col], A[row, col + 1] = _value(a[:, r] & 0xFFFF, dtype), _value(a[:, r] >> 16, dtype)
+    B[2 * q, g], B[2 * q + 1, g] = _value(b0 & 0xFFFF, dtype), _value(b0 >> 16, dtype)
+    B[2 * q + 8, g], B[2 * q + 9, g] = _value(b1 & 0xFFFF, dtype), _value(b1 >> 16, dtype)
+    for i, (row, col) in enumerate([(g, 2 * q), (g, 2 * q + 1), (g + 8, 2 * q), (g + 8, 2 * q + 1)]):
+        C[row, col] = acc[:, i]
+    assert not (np.isnan(A).any() or np.isnan(B).any() or np.isnan(C).any()), "a fragment element is unset"
+    Dm = (A @ B + C).astype(np.float32)
+    return np.stack([Dm[g, 2 * q], Dm[g, 2 * q + 1], Dm[g + 8, 2 * q], Dm[g + 8, 2 * q + 1]], axis=1)
+
+
+def emulate(p: Problem, c: tc.Config, x, w, b, lout: int, act: int, xoff: int, yoff: int) -> np.ndarray:
+    """y (rows, lout) as the kernel computes it; x (rows, L) and w (C, K) 16-bit tensors, b (C,) or None."""
+    t = tc.Tiling(p, c)
+    K, D, P, V, W_OFF = p.kernel_size, p.dilation, p.padding, tc.ALIGN, tc.W_OFF
+    TILE, WARPS, NT = c.tile, c.warps, c.nt
+    rows, L = x.shape
+    xbits = x.contiguous().view(torch.int16).numpy().astype(np.uint16).astype(np.uint32)
+    wbits = w.contiguous().view(torch.int16).numpy().astype(np.uint16).astype(np.uint32)
+    y = np.full((rows, lout), np.nan)
+    head = yoff if lout % V == 0 else V - 1
+    tiles = (lout + head + TILE - 1) // TILE
+    lane = np.arange(32)
+    g, q = lane >> 2, lane & 3
+    for item in range(rows * tiles):
+        row, tt = divmod(item, tiles)
+        yrow, xrow = row * lout + yoff, row * L + xoff
+        j0 = tt * TILE - (yrow & (V - 1))
+        if j0 >= lout:
+            continue
+        e = (xrow + j0 - P) & (V - 1)
+        a0 = j0 - P - e
+        assert (xrow + a0) % V == 0
+        xs = np.array([xbits[row, a0 + i] if 0 <= a0 + i < L else 0 for i in range(V * t.x_vectors)], np.uint32)
+        ch = row % w.shape[0]
+
+        def tap_bits(qq, ch=ch):
+            return 0 if qq < 0 or qq % D or qq // D >= K else int(wbits[ch, qq // D])
+
+        wp = np.array([tap_bits(i - W_OFF) | tap_bits(i - W_OFF + 1) << 16 for i in range(t.w_pairs)], np.uint32)
+        bias = float(b[ch].double()) if b is not None else 0.0
+        nch = t.nch_min if e + 16 + (K - 1) * D <= 16 * t.nch_min else t.nch_max
+        ys = np.zeros(TILE // 2, np.uint32)
+        written = np.zeros(TILE // 2, bool)
+        for warp in range(WARPS):
+            a = np.zeros((nch, 32, 4), np.uint32)
+            for cc, r in itertools.product(range(nch), range(4)):
+                idx = eval(A_INDEX, {}, {"W_OFF": W_OFF, "c": cc, "q": q, "r": r, "e": e, "g": g})
+                assert (0 <= idx).all() and (idx < t.w_pairs).all()
+                a[cc, :, r] = wp[idx]
+            first = (q >= 2).astype(int)
+            for st in range(t.steps):
+                blk0 = (st * WARPS + warp) * NT * 8
+                for s in range(NT):
+                    acc = np.full((32, 4), bias, np.float32)
+                    for cc in range(nch):
+                        u = eval(B_INDEX, {}, {"blk0": blk0, "s": s, "g": g, "c": cc, "q": q})
+                        assert (4 * u + 3 < V * t.x_vectors).all()
+                        b0, b1 = xs[4 * u] | xs[4 * u + 1] << 16, xs[4 * u + 2] | xs[4 * u + 3] << 16
+                        acc = _mma(acc, a[cc], b0, b1, p_dtype(p))
+                    v = acc / (1 + np.exp(-acc.astype(np.float64))) if act else acc
+                    even = _bits(v[:, 0], p_dtype(p)) | _bits(v[:, 2], p_dtype(p)) << 16
+                    odd = _bits(v[:, 1], p_dtype(p)) | _bits(v[:, 3], p_dtype(p)) << 16
+                    word = eval(Y_WORD, {}, {"blk0": blk0, "s": s, "q": q, "g": g})
+                    for addr, val in ((word + 8 * first, np.where(first, odd, even)),
+                                      (word + 8 - 8 * first, np.where(first, even, odd))):
+                        assert len(set((addr % 32).tolist())) == 32, "shared-memory bank conflict"
+                        assert not written[addr].any()
+                        ys[addr], written[addr] = val, True
+        assert written.all()
+        yv = _value(np.stack([ys & 0xFFFF, ys >> 16], 1).reshape(-1), p_dtype(p))
+        for j in range(max(j0, 0), min(j0 + TILE, lout)):
+            y[row, j] = yv[j - j0]
+    return y
+
+
+def p_dtype(p: Problem):
+    return torch_dtype(p.dtype)
+
+
+EMULATED = [  # (B, C, L, K, P, D, dtype, bias, config, Lout or None, act, xoff, yoff)
+    (1, 2, 1024, 31, 15, 1, "fp16", True, tc.Config(4, 2, 1024), None, 0, 0, 0),
+    (1, 3, 1023, 31, 15, 1, "bf16", False, tc.Config(2, 1, 512, "pers"), None, 1, 3, 5),
+    (2, 3, 17, 3, 1, 1, "fp16", True, tc.Config(2, 1, 512), None, 0, 6, 2),
+    (2, 3, 1, 3, 1, 1, "fp16", False, tc.Config(2, 1, 512), None, 1, 1, 7),
+    (1, 3, 7, 4, 3, 1, "bf16", True, tc.Config(2, 2, 512), 7, 0, 4, 4),
+    (3, 1, 777, 7, 0, 2, "fp16", True, tc.Config(2, 1, 512), None, 1, 7, 1),
+    (1, 2, 300, 31, 30, 1, "fp16", True, tc.Config(2, 1, 512), 300, 0, 2, 6),
+    (1, 2, 301, 64, 63, 2, "bf16", False, tc.Config(2, 1, 512), None, 1, 5, 3),
+    (1, 2, 100, 5, 333, 1, "fp16", True, tc.Config(2, 1, 512), None, 0, 0, 0),
+    (1, 2, 1200, 1, 0, 1, "fp16", True, tc.Config(4, 1, 512), None, 1, 3, 5),
+    (1, 1, 1500, 17, 8, 1, "bf16", True, tc.Config(2, 4, 1024), None, 0, 0, 3),
+] + [(1, 2, 301, 31, pad, 1, "fp16", True, tc.Config(2, 1, 512), None, 0, pad % 3, pad) for pad in range(8)]
+
+
+@pytest.mark.parametrize("case", EMULATED, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}_k{c[3]}_p{c[4]}_d{c[5]}_{c[6]}")
+def test_emulated_kernel_computes_conv1d(case):
+    bsz, ch, length, k, pad, d, dtype, bias, config, lout, act, xoff, yoff = case
+    p = Problem(bsz, ch, length, k, 1, pad, d, dtype, bias)
+    lout = lout or p.out_length
+    gen = torch.Generator().manual_seed(len(EMULATED) * k + pad)
+    dt = torch_dtype(dtype)
+    x = torch.randn(bsz, ch, length, generator=gen).to(dt)
+    w = torch.randn(ch, 1, k, generator=gen).to(dt)
+    b = torch.randn(ch, generator=gen).to(dt) if bias else None
+    y = emulate(p, config, x.reshape(-1, length), w.reshape(ch, k), b, lout, act, xoff, yoff)
+    xd, wd, bd = x.double(), w.double(), (b.double() if b is not None else None)
+    ref = F.conv1d(xd, wd, bd, padding=pad, dilation=d, groups=ch)
+    scale = F.conv1d(xd.abs(), wd.abs(), bd.abs() if bd is not None else None, padding=pad, dilation=d, groups=ch)
+    ref, scale = (F.silu(ref) if act else ref)[..., :lout], scale[..., :lout]
+    err = (torch.from_numpy(y).view(bsz, ch, lout) - ref).abs()
+    bound = DTYPES[dtype].tolerance * scale + DTYPES[dtype].absolute_floor
+    assert not torch.isnan(err).any()
+    assert bool((err <= bound).all()), f"max error {float((err - bound).max()):.3g} over the bound"
+
+
+def test_emulation_catches_a_wrong_fragment_layout(monkeypatch):
+    # Rows g and g + 8 swapped in the A index: the emulated result must then be wrong.
+    monkeypatch.setattr(sys.modules[__name__], "A_INDEX", A_INDEX.replace("- 2 * g - (r & 1)", "- g - 8 * (r & 1)"))
+    with pytest.raises(AssertionError):
+        test_emulated_kernel_computes_conv1d(EMULATED[0])
+
+
+# ---- nvcc -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+@pytest.mark.parametrize("p, c", [
+    (TARGET, tc.Config(4, 2, 1024)),
+    (Problem(16, 1024, 4096, 7, 1, 3, 1, "bf16"), tc.Config(2, 2, 1024, "pers")),
+    (Problem(4, 64, 4096, 64, 1, 63, 2, "fp16"), tc.Config(8, 4, 4096)),
+])
+def test_compiles_for_sm90_without_spills(tmp_path, p, c):
+    if not has_nvcc():
+        pytest.skip("needs nvcc")
+    name, _, src = tc.standalone(p, c)
+    cu = tmp_path / f"{name}.cu"
+    cu.write_text(src)
+    out = subprocess.run([nvcc_path(), "-cubin", "-arch=sm_90", *NVCC_FLAGS, "-Xptxas", "-v", str(cu), "-o",
+                          str(tmp_path / f"{name}.cubin")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    per_entry = re.split(r"Compiling entry function", out.stderr)[1:]
+    assert len(per_entry) == 2  # SiLU off and on
+    info = parse_ptxas(per_entry[0])  # off: what the benchmarks run
+    assert info["spill_bytes"] == 0 and 0 < info["registers"] <= 96, info
