@@ -12,6 +12,7 @@ import pytest
 from dwgen.families import blc
 from dwgen.families.bcl import AXES, KNOWN_GOOD, RESTRICTIONS, Config
 from dwgen.problem import Problem
+from dwgen.render import render_variant
 from dwgen.space import (
     FAMILIES,
     GENERIC_KERNEL_SIZES,
@@ -38,7 +39,7 @@ PROBLEMS = [
 ]
 
 
-def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream, batches) -> bool:
+def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream, batches, cap) -> bool:
     """The restrictions restated from first principles, independent of dwgen.space."""
     tile = threads * vec * outs * run
     # the widest window: first input 3 elements into a float4, RUN*V outputs, K taps
@@ -56,6 +57,7 @@ def brute_force_ok(p: Problem, threads, vec, outs, run, walk, halo, stream, batc
         and (walk != "row" or batches > 1 or p.out_length > tile)
         and (batches == 1 or (walk == "row" and batches <= p.batch))
         and (halo != "async" or walk != "tile")
+        and (not cap or batches == 1)
     )
 
 
@@ -349,3 +351,14 @@ def test_the_tensor_core_family_joins_16_bit_tunes_only():
     assert "family" not in vs[0].config_dict  # the primary family's entries stay as they were
     # families take turns in the designs a short tune asks first
     assert [type(c).__module__.rsplit(".", 1)[1] for c in known_good(p)[:4]] == ["bcl", "tc", "bcl", "tc"]
+
+
+def test_the_register_cap_is_a_token_and_round_trips():
+    p = Problem(16, 1024, 4096, 7, 1, 3, dtype="bf16")
+    c = Config(threads=64, vec=8, outs=2, halo="l1", cap=True)
+    v = Variant(p, c)
+    assert v.name == "dw1d_bf16_k7_t64_v8_o2_l1_oc" and config_from_name(v.name, p) == c
+    assert render_variant(v).count("__launch_bounds__(64, 32)") == 1
+    assert "__launch_bounds__(64)\n" in render_variant(Variant(p, Config(threads=64, vec=8, outs=2, halo="l1")))
+    assert violations(p, Config(threads=64, vec=8, outs=2, walk="row", halo="async", batches=2, cap=True)) == [
+        "cap_not_implied"]

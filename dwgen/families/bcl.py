@@ -20,6 +20,7 @@ AXES: dict[str, tuple] = {
     "halo": ("l1", "smem", "shfl", "async"),
     "stream": (False, True),
     "batches": (1, 2),
+    "cap": (False, True),
 }
 WALKS = AXES["walk"]
 HALOS = AXES["halo"]
@@ -44,6 +45,10 @@ class Config(AxisConfig):
     # Rows of one channel (consecutive batch entries) a row-walking block covers: its K weights and set-up
     # are paid once for all of them, and an async stage prefetches across their boundaries.
     batches: int = 1
+    # Registers capped so that 2048 threads fit an SM (__launch_bounds__ with its minimum blocks): ptxas gave
+    # the 16-bit K7-K9 designs 38-40 registers when free, and one fewer block per SM; capped they fit 32,
+    # where a wider window may spill instead. Implied by batches > 1.
+    cap: bool = False
 
     AXES = AXES
 
@@ -144,6 +149,11 @@ def batches_within_the_batch(p: Problem, c: Config) -> bool:
     return c.batches == 1 or c.batches <= p.batch
 
 
+def cap_not_implied(p: Problem, c: Config) -> bool:
+    """A block over several batch entries is capped already: the cap would name the same kernel twice."""
+    return not c.cap or c.batches == 1
+
+
 def async_needs_a_walk(p: Problem, c: Config) -> bool:
     """The asynchronous stage pays only when a block has a next tile to fetch while it computes."""
     return c.halo != "async" or c.walk != "tile"
@@ -165,6 +175,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     several_tiles_to_walk,
     batches_need_a_row_walk,
     batches_within_the_batch,
+    cap_not_implied,
     async_needs_a_walk,
     async_needs_4_byte_copies,
 )
@@ -184,6 +195,8 @@ def name_tokens(c: Config) -> list[str]:
     parts.append(c.halo)
     if c.stream:
         parts.append("cs")
+    if c.cap:
+        parts.append("oc")
     return parts
 
 
@@ -197,6 +210,8 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
             fields["halo"] = tok
         elif tok == "cs":
             fields["stream"] = True
+        elif tok == "oc":
+            fields["cap"] = True
         elif tok[:1] in "tvorn" and tok[1:].isdigit():
             fields[{"t": "threads", "v": "vec", "o": "outs", "r": "run", "n": "batches"}[tok[0]]] = int(tok[1:])
         else:
@@ -212,7 +227,7 @@ def render_context(p: Problem, c: Config) -> dict:
         "tile_vectors": t.tile_vectors, "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation,
         "stream": c.stream, "window_vectors": [t.window_vectors(r) for r in range(c.vec)],
         "max_window_vectors": t.max_window_vectors, "smem_vectors": t.smem_vectors, "halo": c.halo, "walk": c.walk,
-        "vec_bytes": t.vec_bytes, "min_blocks": 2048 // c.threads if c.batches > 1 else 0,
+        "vec_bytes": t.vec_bytes, "min_blocks": 2048 // c.threads if c.cap or c.batches > 1 else 0,
     }
 
 
@@ -251,7 +266,9 @@ KNOWN_GOOD: tuple[Config, ...] = (
     Config(threads=256, vec=4, outs=1, walk="row", halo="async"),
     Config(threads=64, vec=4, outs=2, walk="row", halo="async"),
     Config(threads=64, vec=4, outs=4, walk="row", halo="async", batches=2),  # K31's fastest in the row-walk trial
-    # 16-bit: the same designs with 16-byte accesses of 8 halves
+    # 16-bit: the same designs with 16-byte accesses of 8 halves, capped first (38-40 registers uncapped at K7-K9)
+    Config(threads=64, vec=8, outs=2, halo="l1", cap=True),
+    Config(threads=128, vec=8, outs=2, halo="l1", cap=True),
     Config(threads=128, vec=8, outs=2, halo="l1"),
     Config(threads=128, vec=8, outs=1, halo="shfl"),
     Config(threads=64, vec=8, outs=2, halo="l1"),
