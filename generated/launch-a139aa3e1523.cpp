@@ -7,7 +7,10 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <type_traits>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -627,37 +630,42 @@ const c10::TypedOperatorHandle<backward_sig>& backward_op() {
     return op;
 }
 
-// Autograd: saves x, weight and bias; the backward is the registered backward op (so torch.compile and
-// CUDA graphs see it as an op too).
-class DepthwiseConv1dFunction : public torch::autograd::Function<DepthwiseConv1dFunction> {
-public:
-    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                              const std::optional<at::Tensor>& b, int64_t S, int64_t pl, int64_t pr, int64_t D,
-                              int64_t act) {
-        at::AutoDispatchBelowADInplaceOrView below;
-        ctx->save_for_backward({x, w, b.has_value() ? *b : at::Tensor()});
-        ctx->saved_data["S"] = S;
-        ctx->saved_data["pl"] = pl;
-        ctx->saved_data["pr"] = pr;
-        ctx->saved_data["D"] = D;
-        ctx->saved_data["act"] = act;
-        return forward_op().call(x, w, b, S, pl, pr, D, act);
-    }
+// Autograd: a node that saves x, weight and bias; its backward is the registered backward op (so
+// torch.compile and CUDA graphs see it as an op too). Written as PyTorch's own generated nodes are, not as a
+// torch::autograd::Function, whose generic apply (saved_data map, output wrapping) cost more host time per
+// call than the rest of the op (a CPU experiment: 24 µs against 6 above a plain dispatch).
+struct DepthwiseConv1dBackward : public torch::autograd::Node {
+    torch::autograd::SavedVariable x_, w_, b_;
+    bool has_b = false;
+    int64_t S = 1, pl = 0, pr = 0, D = 1, act = 0;
 
-    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                   torch::autograd::variable_list grads) {
-        const auto saved = ctx->get_saved_variables();
-        const at::Tensor& x = saved[0];
-        const at::Tensor& w = saved[1];
-        const std::optional<at::Tensor> b = saved[2].defined() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
-        if (!grads[0].defined()) return torch::autograd::variable_list(8);  // the output was not used
-        auto [gx, gw, gb] = backward_op().call(grads[0], x, w, b, ctx->saved_data["S"].toInt(), ctx->saved_data["pl"].toInt(),
-                                               ctx->saved_data["pr"].toInt(), ctx->saved_data["D"].toInt(),
-                                               ctx->saved_data["act"].toInt());
-        return {gx, gw, b.has_value() ? gb : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-                at::Tensor()};
+    torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+        const size_t n = has_b ? 3 : 2;  // one gradient per next edge: x, weight (and bias)
+        if (grads.empty() || !grads[0].defined()) return torch::autograd::variable_list(n);  // the output was unused
+        const at::Tensor x = x_.unpack(), w = w_.unpack();
+        const std::optional<at::Tensor> b = has_b ? std::optional<at::Tensor>(b_.unpack()) : std::nullopt;
+        auto [gx, gw, gb] = backward_op().call(grads[0], x, w, b, S, pl, pr, D, act);
+        if (has_b) return {gx, gw, gb};
+        return {gx, gw};
     }
+    void release_variables() override {
+        x_.reset_data();
+        w_.reset_data();
+        b_.reset_data();
+    }
+    std::string name() const override { return "DepthwiseConv1dBackward"; }
 };
+
+// A node owned as this torch's autograd owns nodes: a shared_ptr in older releases, an intrusive_ptr later.
+template <typename N>
+auto make_node() {
+    using Owner = decltype(torch::autograd::Edge::function);
+    if constexpr (std::is_same_v<Owner, std::shared_ptr<torch::autograd::Node>>) {
+        return std::shared_ptr<N>(new N());
+    } else {
+        return c10::make_intrusive<N>();
+    }
+}
 
 bool needs_grad(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
     return at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.has_value() && b->requires_grad()));
@@ -665,11 +673,26 @@ bool needs_grad(const at::Tensor& x, const at::Tensor& w, const std::optional<at
 
 at::Tensor forward_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t S,
                             int64_t pl, int64_t pr, int64_t D, int64_t act) {
-    if (!needs_grad(x, w, b)) {  // no graph to record: skip the autograd node's cost
+    at::Tensor y;
+    {
         at::AutoDispatchBelowADInplaceOrView below;
-        return forward_op().call(x, w, b, S, pl, pr, D, act);
+        y = forward_op().call(x, w, b, S, pl, pr, D, act);
     }
-    return DepthwiseConv1dFunction::apply(x, w, b, S, pl, pr, D, act);
+    if (!needs_grad(x, w, b)) return y;  // no graph to record
+    auto node = make_node<DepthwiseConv1dBackward>();
+    node->set_next_edges(b.has_value() ? torch::autograd::collect_next_edges(x, w, *b)
+                                       : torch::autograd::collect_next_edges(x, w));
+    node->x_ = torch::autograd::SavedVariable(x, false);
+    node->w_ = torch::autograd::SavedVariable(w, false);
+    if (b.has_value()) node->b_ = torch::autograd::SavedVariable(*b, false);
+    node->has_b = b.has_value();
+    node->S = S;
+    node->pl = pl;
+    node->pr = pr;
+    node->D = D;
+    node->act = act;
+    torch::autograd::set_history(y, node);
+    return y;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd(const at::Tensor& gy, const at::Tensor& x,
