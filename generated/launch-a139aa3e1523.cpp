@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
@@ -447,9 +448,13 @@ at::Tensor aligned(const at::Tensor& t) {
     return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
 
+// Straight from the CUDA caching allocator: at::empty's trip through the dispatcher is host time on every call.
 at::Tensor empty_like_layout(const at::Tensor& x, int layout, int64_t length) {
-    if (layout == 1) return at::empty({x.size(0), length, x.size(1)}, x.options()).transpose(1, 2);
-    return at::empty({x.size(0), x.size(1), length}, x.options());
+    if (layout == 1) {
+        return at::Tensor(at::detail::empty_cuda({x.size(0), length, x.size(1)}, x.scalar_type(), x.device(),
+                                                 std::nullopt)).transpose(1, 2);
+    }
+    return at::detail::empty_cuda({x.size(0), x.size(1), length}, x.scalar_type(), x.device(), std::nullopt);
 }
 
 // Within 32-bit indices (the specialised kernels' arithmetic), on a table's alignment and channel terms.
