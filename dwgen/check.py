@@ -126,6 +126,32 @@ class ReferenceCache:
         return self._entries[key]
 
 
+def _captured_on_a_side_stream(p: Problem, launch: Callable[[], object]):
+    """`launch` captured into a CUDA graph on a side stream (nothing runs yet), and None; or, when the capture
+    refused it (the legacy stream, a synchronisation: not sticky), None and the failed outcome."""
+    import torch
+
+    torch.cuda.synchronize()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    refused: Exception | None = None
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            launch()
+        except Exception as e:
+            refused = e
+        try:
+            graph.capture_end()
+        except RuntimeError as e:
+            refused = refused or e
+    torch.cuda.synchronize()
+    if refused is None:
+        return graph, None
+    first = str(refused).strip().splitlines()[0] if str(refused).strip() else type(refused).__name__
+    return None, CheckOutcome(False, f"{p.key}: its launch failed while captured on the stream it was given: {first}",
+                              float("inf"))
+
+
 def check_stream(p: Problem, run: Callable, cache: ReferenceCache | None = None) -> CheckOutcome:
     """The launch puts its work on the stream it is given and nowhere else.
 
@@ -138,24 +164,9 @@ def check_stream(p: Problem, run: Callable, cache: ReferenceCache | None = None)
     cache = cache or ReferenceCache()
     x, w, b, ref, scale = cache.get(p, 0)
     y, guards_intact = guarded_output(p, device=x.device)
-    torch.cuda.synchronize()
-    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    refused: Exception | None = None
-    with torch.cuda.stream(side):
-        graph.capture_begin()
-        try:
-            run(p, x, w, b, y)
-        except Exception as e:  # a call the capture refuses (the legacy stream, a synchronisation): not sticky
-            refused = e
-        try:
-            graph.capture_end()
-        except RuntimeError as e:
-            refused = refused or e
-    torch.cuda.synchronize()
+    graph, refused = _captured_on_a_side_stream(p, lambda: run(p, x, w, b, y))
     if refused is not None:
-        first = str(refused).strip().splitlines()[0] if str(refused).strip() else type(refused).__name__
-        return CheckOutcome(False, f"{p.key}: its launch failed while captured on the stream it was given: {first}",
-                            float("inf"))
+        return refused
     if not (bool(torch.isnan(y).all()) and guards_intact()):
         return CheckOutcome(False, f"{p.key}: wrote its output outside the stream it was given (while its launch "
                                    "was captured on that stream)", float("inf"))
@@ -275,24 +286,9 @@ def check_backward_stream(p: Problem, run: Callable, act: int = 0) -> CheckOutco
     x, w, b = make_inputs(p, 0)
     gy = grad_output(p, 0, x.device)
     gx, gw, gb = nan_gradients(p, x, w)
-    torch.cuda.synchronize()
-    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    refused: Exception | None = None
-    with torch.cuda.stream(side):
-        graph.capture_begin()
-        try:
-            run(p, x, w, b, gy, gx, gw, gb)
-        except Exception as e:  # a call the capture refuses (the legacy stream, a synchronisation): not sticky
-            refused = e
-        try:
-            graph.capture_end()
-        except RuntimeError as e:
-            refused = refused or e
-    torch.cuda.synchronize()
+    graph, refused = _captured_on_a_side_stream(p, lambda: run(p, x, w, b, gy, gx, gw, gb))
     if refused is not None:
-        first = str(refused).strip().splitlines()[0] if str(refused).strip() else type(refused).__name__
-        return CheckOutcome(False, f"{p.key}: its launch failed while captured on the stream it was given: {first}",
-                            float("inf"))
+        return refused
     if not all(bool(torch.isnan(g).all()) for g in (gx, gw, gb)):
         return CheckOutcome(False, f"{p.key}: wrote its gradients outside the stream it was given (while its "
                                    "launch was captured on that stream)", float("inf"))
