@@ -69,56 +69,62 @@ class BwdLauncher:
 # ---- child side -------------------------------------------------------------------------------------
 
 
-class _Bench:
-    """State of the child process: cached references, the timer, the baselines."""
+class _BenchBase:
+    """The child's state for one problem's variants of a direction: the timer and the baselines, and how a
+    candidate is checked and timed; the directions say what a launch, a check and PyTorch's side are."""
 
     def __init__(self, problem: Problem):
         import torch
 
-        from dwgen import bench, check
+        from dwgen import bench
 
         torch.cuda.init()
         self.problem = problem
-        self.refs = check.ReferenceCache()
         self.timer = bench.Timer(flush=bench.needs_flush(problem))
         self._baselines: dict | None = None
+
+    # What a direction defines.
+    def launcher(self, cand: Candidate):
+        raise NotImplementedError
+
+    def torch_operands(self):
+        """PyTorch's side of the comparison, ready to time."""
+        raise NotImplementedError
+
+    def checks(self, launcher):
+        """The correctness outcomes of a candidate on the problem and its edge problems (worst error counted)."""
+        raise NotImplementedError
+
+    def stream_check(self, launcher):
+        raise NotImplementedError
+
+    def timed(self, launcher):
+        """The candidate's launch on the problem's timing operands and outputs of its own."""
+        raise NotImplementedError
 
     def baselines(self) -> dict:
         from dwgen import bench
 
         if self._baselines is None:
-            p = self.problem
-            x, w, b, _, _ = self.refs.get(p, 0)
-            copy = self.timer.time(bench.copy_operands(p))
-            eager = self.timer.time(bench.torch_operands(p, x, w, b))
+            copy = self.timer.time(bench.copy_operands(self.problem))
+            eager = self.timer.time(self.torch_operands())
             self._baselines = {"copy_ms": copy.median_ms, "torch_ms": eager.median_ms}
         return self._baselines
 
     def evaluate(self, cand: Candidate) -> dict:
         import torch
 
-        from dwgen import check
-
-        v = cand.variant
-        launcher = Launcher(cand)
-
-        def run(q, x, w, b, y):
-            launcher.prepare(q, x, w, b, y)()
-
+        launcher = self.launcher(cand)
         try:
-            problems = [self.problem] + v.edge_problems()
             worst = 0.0
-            for q in problems:
-                outcome = check.check(q, run, cache=self.refs)
+            for outcome in self.checks(launcher):
                 if not outcome.ok:
                     return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
                 worst = max(worst, outcome.max_rel_error)
-            outcome = check.check_stream(self.problem, run, cache=self.refs)
+            outcome = self.stream_check(launcher)
             if not outcome.ok:
                 return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
-            x, w, b, _, _ = self.refs.get(self.problem, 0)
-            y = check.empty_output(self.problem)
-            t = self.timer.time(launcher.prepare(self.problem, x, w, b, y))
+            t = self.timer.time(self.timed(launcher))
         finally:
             torch.cuda.synchronize()  # the module must outlive its last launch
             launcher.unload()
@@ -129,18 +135,14 @@ class _Bench:
         """Re-time the finalists interleaved with copy_ and PyTorch; returns medians by name."""
         import torch
 
-        from dwgen import bench, check
+        from dwgen import bench
 
-        p = self.problem
-        x, w, b, _, _ = self.refs.get(p, 0)
-        fns = {"copy_": bench.copy_operands(p), "torch": bench.torch_operands(p, x, w, b)}
-        outs, launchers = [], []
+        fns = {"copy_": bench.copy_operands(self.problem), "torch": self.torch_operands()}
+        launchers = []
         try:
             for c in cands:
-                y = check.empty_output(p)
-                outs.append(y)
-                launchers.append(Launcher(c))
-                fns[c.variant.name] = launchers[-1].prepare(p, x, w, b, y)
+                launchers.append(self.launcher(c))
+                fns[c.variant.name] = self.timed(launchers[-1])  # a launch keeps its tensors alive
             timings = self.timer.time_interleaved(fns, rounds)
         finally:
             torch.cuda.synchronize()
@@ -149,26 +151,61 @@ class _Bench:
         return {k: t.median_ms for k, t in timings.items()}
 
 
-class _BwdBench:
-    """The child's state for backward variants. Each is checked by check.check_backward (grad_x, grad_weight
-    and grad_bias against float64 autograd, outputs NaN-filled) on the problem and the family's edge problems,
-    without and with SiLU, and by check.check_backward_stream (its work on the stream it is given, as the
-    forward's check_stream); then its whole launch is timed, beside copy_ of the forward's bytes (the ratio the
-    benchmark's backward rows give) and PyTorch's backward (autograd.grad through a retained graph)."""
+class _Bench(_BenchBase):
+    """Forward variants: check.check on the problem and its edge problems, check.check_stream, then timed
+    beside copy_ of the same bytes and PyTorch's forward."""
+
+    def __init__(self, problem: Problem):
+        from dwgen import check
+
+        super().__init__(problem)
+        self.refs = check.ReferenceCache()
+
+    def launcher(self, cand: Candidate) -> Launcher:
+        return Launcher(cand)
+
+    def torch_operands(self):
+        from dwgen import bench
+
+        x, w, b, _, _ = self.refs.get(self.problem, 0)
+        return bench.torch_operands(self.problem, x, w, b)
+
+    @staticmethod
+    def _run(launcher: Launcher):
+        def run(q, x, w, b, y):
+            launcher.prepare(q, x, w, b, y)()
+        return run
+
+    def checks(self, launcher: Launcher):
+        from dwgen import check
+
+        for q in [self.problem, *launcher.variant.edge_problems()]:
+            yield check.check(q, self._run(launcher), cache=self.refs)
+
+    def stream_check(self, launcher: Launcher):
+        from dwgen import check
+
+        return check.check_stream(self.problem, self._run(launcher), cache=self.refs)
+
+    def timed(self, launcher: Launcher):
+        from dwgen import check
+
+        x, w, b, _, _ = self.refs.get(self.problem, 0)
+        return launcher.prepare(self.problem, x, w, b, check.empty_output(self.problem))
+
+
+class _BwdBench(_BenchBase):
+    """Backward variants: check.check_backward (grad_x, grad_weight and grad_bias against float64 autograd,
+    outputs NaN-filled) on the problem and the family's edge problems, without and with SiLU, and
+    check.check_backward_stream; then the whole launch is timed beside copy_ of the forward's bytes (the
+    ratio the benchmark's backward rows give) and PyTorch's backward (autograd.grad through a retained graph)."""
 
     SEEDS = (0, 1)  # without SiLU
     SILU_SEEDS = (2,)  # with it: one seed
 
     def __init__(self, problem: Problem):
-        import torch
-
-        from dwgen import bench
-
-        torch.cuda.init()
-        self.problem = problem
-        self.timer = bench.Timer(flush=bench.needs_flush(problem))
+        super().__init__(problem)
         self._operands = None
-        self._baselines: dict | None = None
 
     def operands(self) -> tuple:
         """x, w, b and grad_out of the problem (seed 0), the inputs every timed launch reads."""
@@ -186,68 +223,34 @@ class _BwdBench:
         x, w, _, _ = self.operands()
         return torch.empty_like(x), torch.empty_like(w), torch.empty(w.shape[0], device=x.device, dtype=x.dtype)
 
-    def baselines(self) -> dict:
+    def launcher(self, cand: Candidate) -> BwdLauncher:
+        return BwdLauncher(cand)
+
+    def torch_operands(self):
         from dwgen import bench
 
-        if self._baselines is None:
-            p = self.problem
-            x, w, b, gy = self.operands()
-            copy = self.timer.time(bench.copy_operands(p))
-            eager = self.timer.time(bench.torch_backward_operands(p, x, w, b, gy))
-            self._baselines = {"copy_ms": copy.median_ms, "torch_ms": eager.median_ms}
-        return self._baselines
+        x, w, b, gy = self.operands()
+        return bench.torch_backward_operands(self.problem, x, w, b, gy)
 
-    def evaluate(self, cand: Candidate) -> dict:
-        import torch
-
+    def checks(self, launcher: BwdLauncher):
         from dwgen import check
 
-        v = cand.variant
-        launcher = BwdLauncher(cand)
-        try:
-            worst = 0.0
-            for q in [self.problem, *v.edge_problems()]:
-                for act, seeds in ((0, self.SEEDS), (1, self.SILU_SEEDS)):
-                    def run(q_, x, w, b, gy, gx, gw, gb, act=act):
-                        launcher.prepare(q_, gy, x, w, b, gx, gw, gb, act)()
+        for q in [self.problem, *launcher.variant.edge_problems()]:
+            for act, seeds in ((0, self.SEEDS), (1, self.SILU_SEEDS)):
+                def run(q_, x, w, b, gy, gx, gw, gb, act=act):
+                    launcher.prepare(q_, gy, x, w, b, gx, gw, gb, act)()
 
-                    outcome = check.check_backward(q, run, act=act, seeds=seeds)
-                    if not outcome.ok:
-                        return {"status": "wrong", "message": outcome.message,
-                                "max_rel_error": outcome.max_rel_error}
-                    worst = max(worst, outcome.max_rel_error)
-            outcome = check.check_backward_stream(self.problem, lambda q, x, w, b, gy, gx, gw, gb: launcher.prepare(
-                q, gy, x, w, b, gx, gw, gb)())
-            if not outcome.ok:
-                return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
-            x, w, b, gy = self.operands()
-            t = self.timer.time(launcher.prepare(self.problem, gy, x, w, b, *self.outputs()))
-        finally:
-            torch.cuda.synchronize()  # the module must outlive its last launch
-            launcher.unload()
-        return {"status": "ok", "kernel_ms": t.median_ms, "reps": t.reps, "max_rel_error": worst,
-                **self.baselines()}
+                yield check.check_backward(q, run, act=act, seeds=seeds)
 
-    def retime(self, cands: list[Candidate], rounds: int) -> dict:
-        """Re-time the finalists interleaved with copy_ and PyTorch's backward; returns medians by name."""
-        import torch
+    def stream_check(self, launcher: BwdLauncher):
+        from dwgen import check
 
-        from dwgen import bench
+        return check.check_backward_stream(self.problem, lambda q, x, w, b, gy, gx, gw, gb: launcher.prepare(
+            q, gy, x, w, b, gx, gw, gb)())
 
-        p = self.problem
+    def timed(self, launcher: BwdLauncher):
         x, w, b, gy = self.operands()
-        fns = {"copy_": bench.copy_operands(p), "torch": bench.torch_backward_operands(p, x, w, b, gy)}
-        launchers = []
-        try:
-            for c in cands:
-                launchers.append(BwdLauncher(c))
-                fns[c.variant.name] = launchers[-1].prepare(p, gy, x, w, b, *self.outputs())
-            timings = self.timer.time_interleaved(fns, rounds)
-        finally:
-            torch.cuda.synchronize()
-            for launcher in launchers:
-                launcher.unload()
-        return {k: t.median_ms for k, t in timings.items()}
+        return launcher.prepare(self.problem, gy, x, w, b, *self.outputs())
 
 
 def machine_info() -> dict:
