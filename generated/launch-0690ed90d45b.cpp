@@ -378,6 +378,38 @@ const Kernel KERNELS[] = {
 };
 constexpr int64_t KERNEL_COUNT = 127;
 
+// Error text spelled without iostreams. TORCH_CHECK formats every argument that is not a string literal
+// through a std::ostringstream in this translation unit; on the H200 host (torch 2.11, 2026-12-01) each such
+// message (a number, a size, a dtype) ended the process with SIGSEGV, while literal-only messages raised as
+// they should. The cause was not found there (no gdb on that host); docs/perf-notes.md has the probe.
+inline void spell(std::string& s, const char* v) { s += v; }
+inline void spell(std::string& s, const std::string& v) { s += v; }
+inline void spell(std::string& s, at::ScalarType v) { s += c10::toString(v); }
+inline void spell(std::string& s, const c10::Device& v) { s += v.str(); }
+inline void spell(std::string& s, at::IntArrayRef v) {
+    s += "(";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    s += ")";
+}
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+inline void spell(std::string& s, T v) { s += std::to_string(v); }
+
+template <typename... A>
+std::string text(const A&... parts) {
+    std::string s;
+    (spell(s, parts), ...);
+    return s;
+}
+
+// TORCH_CHECK's contract (the same exception types, so Python sees ValueError, TypeError, RuntimeError) with
+// the text built by text() above.
+#define DWGEN_CHECK(error, cond, ...)                       \
+    do {                                                    \
+        if (C10_UNLIKELY(!(cond))) {                        \
+            C10_THROW_ERROR(error, text(__VA_ARGS__));      \
+        }                                                   \
+    } while (false)
+
 // Element types and layouts as the tables number them (dtype: fp32, fp16, bf16; layout: bcl, blc).
 int dtype_index(const at::ScalarType t) {
     switch (t) {
@@ -420,8 +452,8 @@ std::string tuned_key(int64_t B, int64_t C, int64_t L, int64_t K, int64_t S, int
 }
 
 Choice choice_of(const std::vector<int64_t>& row, size_t at) {
-    TORCH_CHECK(row.size() == at + 4, "dwgen: a dispatch table row has ", row.size(), " fields");
-    TORCH_CHECK(row[at] >= 0 && row[at] < KERNEL_COUNT, "dwgen: no kernel number ", row[at]);
+    DWGEN_CHECK(Error, row.size() == at + 4, "dwgen: a dispatch table row has ", row.size(), " fields");
+    DWGEN_CHECK(Error, row[at] >= 0 && row[at] < KERNEL_COUNT, "dwgen: no kernel number ", row[at]);
     return Choice{static_cast<int32_t>(row[at]), static_cast<int32_t>(row[at + 1]), static_cast<int32_t>(row[at + 2]),
                   row[at + 3] != 0};
 }
@@ -431,23 +463,23 @@ Choice choice_of(const std::vector<int64_t>& row, size_t at) {
 // direction, dtype, layout, K, then the choice.
 void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
              const std::vector<std::vector<int64_t>>& fast) {
-    TORCH_CHECK(device >= 0 && device < MAX_DEVICES, "dwgen: device ", device, " is past the ", MAX_DEVICES, " supported");
+    DWGEN_CHECK(Error, device >= 0 && device < MAX_DEVICES, "dwgen: device ", device, " is past the ", MAX_DEVICES, " supported");
     const std::lock_guard<std::mutex> lock(INSTALL);
     Tables t;
     for (const auto& r : tuned) {
-        TORCH_CHECK(r.size() == 15, "dwgen: a tuned table row has ", r.size(), " fields");
-        TORCH_CHECK(r[0] == 0 || r[0] == 1, "dwgen: a tuned table row has direction ", r[0]);
+        DWGEN_CHECK(Error, r.size() == 15, "dwgen: a tuned table row has ", r.size(), " fields");
+        DWGEN_CHECK(Error, r[0] == 0 || r[0] == 1, "dwgen: a tuned table row has direction ", r[0]);
         const Choice c = choice_of(r, 11);
-        TORCH_CHECK((r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: tuned kernel ", c.index,
+        DWGEN_CHECK(Error, (r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: tuned kernel ", c.index,
                     " has the wrong direction");
         t.tuned[r[0]][tuned_key(r[1], r[2], r[3], r[4], r[5], r[6], r[7], static_cast<int>(r[8]), r[9] != 0,
                                 static_cast<int>(r[10]))] = c;
     }
     for (const auto& r : fast) {
-        TORCH_CHECK(r.size() == 8 && r[0] >= 0 && r[0] < 2 && r[1] >= 0 && r[1] < 3 && r[2] >= 0 && r[2] < 2 &&
+        DWGEN_CHECK(Error, r.size() == 8 && r[0] >= 0 && r[0] < 2 && r[1] >= 0 && r[1] < 3 && r[2] >= 0 && r[2] < 2 &&
                         r[3] >= 1 && r[3] <= MAX_K, "dwgen: a bad fast table row");
         const Choice c = choice_of(r, 4);
-        TORCH_CHECK((r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: kernel ", c.index, " has the wrong direction");
+        DWGEN_CHECK(Error, (r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: kernel ", c.index, " has the wrong direction");
         t.fast[r[0]][r[1]][r[2]][r[3]] = c;
     }
     t.installed = true;
@@ -455,35 +487,35 @@ void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
 }
 
 void check_launch(int code, const char* what) {
-    TORCH_CHECK(code == 0, "dwgen: launching ", what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(code)));
+    DWGEN_CHECK(Error, code == 0, "dwgen: launching ", what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(code)));
 }
 
 // One line for every mistake, the device last, so that a call reads the same with or without a GPU.
 // Returns the output length.
 int64_t validate(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t S, int64_t pl,
                  int64_t pr, int64_t D, int64_t act) {
-    TORCH_CHECK_VALUE(x.dim() == 3, "dwgen: x must be a (batch, channels, length) tensor");
-    TORCH_CHECK_TYPE(dtype_index(x.scalar_type()) >= 0, "dwgen: x must be float32, float16 or bfloat16, got ",
+    DWGEN_CHECK(ValueError, x.dim() == 3, "dwgen: x must be a (batch, channels, length) tensor");
+    DWGEN_CHECK(TypeError, dtype_index(x.scalar_type()) >= 0, "dwgen: x must be float32, float16 or bfloat16, got ",
                      x.scalar_type());
     const int64_t C = x.size(1);
-    TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == C && w.size(1) == 1, "dwgen: weight must have shape (", C,
+    DWGEN_CHECK(ValueError, w.dim() == 3 && w.size(0) == C && w.size(1) == 1, "dwgen: weight must have shape (", C,
                       ", 1, K) for depthwise conv, got ", w.sizes());
     const int64_t K = w.size(2);
-    TORCH_CHECK_VALUE(K >= 1, "dwgen: weight has K = 0 taps; a convolution needs at least one");
-    TORCH_CHECK_VALUE(!b.has_value() || (b->dim() == 1 && b->size(0) == C), "dwgen: bias must have shape (", C,
+    DWGEN_CHECK(ValueError, K >= 1, "dwgen: weight has K = 0 taps; a convolution needs at least one");
+    DWGEN_CHECK(ValueError, !b.has_value() || (b->dim() == 1 && b->size(0) == C), "dwgen: bias must have shape (", C,
                       ",) or be None");
-    TORCH_CHECK_VALUE(w.device() == x.device() && w.scalar_type() == x.scalar_type() &&
+    DWGEN_CHECK(ValueError, w.device() == x.device() && w.scalar_type() == x.scalar_type() &&
                           (!b.has_value() || (b->device() == x.device() && b->scalar_type() == x.scalar_type())),
                       "dwgen: weight and bias must be ", x.scalar_type(), " on ", x.device(), ", like x");
-    TORCH_CHECK_VALUE(S >= 1, "dwgen: stride must be an int >= 1, got ", S);
-    TORCH_CHECK_VALUE(pl >= 0 && pr >= 0, "dwgen: padding must be an int >= 0, got ", pl, " and ", pr);
-    TORCH_CHECK_VALUE(D >= 1, "dwgen: dilation must be an int >= 1, got ", D);
-    TORCH_CHECK_VALUE(act == 0 || act == 1, "dwgen: activation must be None or 'silu'");
+    DWGEN_CHECK(ValueError, S >= 1, "dwgen: stride must be an int >= 1, got ", S);
+    DWGEN_CHECK(ValueError, pl >= 0 && pr >= 0, "dwgen: padding must be an int >= 0, got ", pl, " and ", pr);
+    DWGEN_CHECK(ValueError, D >= 1, "dwgen: dilation must be an int >= 1, got ", D);
+    DWGEN_CHECK(ValueError, act == 0 || act == 1, "dwgen: activation must be None or 'silu'");
     const int64_t Lout = (x.size(2) + pl + pr - D * (K - 1) - 1) / S + 1;
-    TORCH_CHECK_VALUE(x.size(2) + pl + pr - D * (K - 1) - 1 >= 0 && Lout >= 1, "dwgen: no output for length ",
+    DWGEN_CHECK(ValueError, x.size(2) + pl + pr - D * (K - 1) - 1 >= 0 && Lout >= 1, "dwgen: no output for length ",
                       x.size(2), ", kernel ", K, ", padding ", pl, "+", pr, ", dilation ", D,
                       "; raise padding or the length");
-    TORCH_CHECK_VALUE(x.is_cuda(), "dwgen: x must be on a CUDA device; move it with x.cuda()");
+    DWGEN_CHECK(ValueError, x.is_cuda(), "dwgen: x must be on a CUDA device; move it with x.cuda()");
     return Lout;
 }
 
@@ -581,7 +613,7 @@ at::Tensor forward_cuda(const at::Tensor& x, const at::Tensor& w, const std::opt
             check_launch(dwgen_launch_dw1d_any_bf16(x.data_ptr(), wc.data_ptr(), bp, y.data_ptr(), x.size(0), x.size(1),
                                                  x.size(2), Lout, K, S, pl, D, act, xs, ys, stream), "dw1d_any_bf16");
             break;
-        default: TORCH_CHECK(false, "dwgen: no generic kernel for ", x.scalar_type());
+        default: DWGEN_CHECK(Error, false, "dwgen: no generic kernel for ", x.scalar_type());
     }
     return y;
 }
@@ -590,7 +622,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(const at::Tensor& g
                                                              const at::Tensor& w, const std::optional<at::Tensor>& b,
                                                              int64_t S, int64_t pl, int64_t pr, int64_t D, int64_t act) {
     const int64_t Lout = validate(x, w, b, S, pl, pr, D, act);
-    TORCH_CHECK_VALUE(gy.dim() == 3 && gy.size(0) == x.size(0) && gy.size(1) == x.size(1) && gy.size(2) == Lout &&
+    DWGEN_CHECK(ValueError, gy.dim() == 3 && gy.size(0) == x.size(0) && gy.size(1) == x.size(1) && gy.size(2) == Lout &&
                           gy.scalar_type() == x.scalar_type() && gy.device() == x.device(),
                       "dwgen: grad_out must be ", x.scalar_type(), " (", x.size(0), ", ", x.size(1), ", ", Lout, ") on ",
                       x.device(), ", got ", gy.scalar_type(), " ", gy.sizes());
@@ -644,7 +676,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(const at::Tensor& g
                                                  Lout, K, S, pl, D, act, xs, gys, gxs, stream), "dw1d_bwd_any_bf16");
             break;
         }
-        default: TORCH_CHECK(false, "dwgen: no generic backward kernel for ", x.scalar_type());
+        default: DWGEN_CHECK(Error, false, "dwgen: no generic backward kernel for ", x.scalar_type());
     }
     return {gx, gw, gb};
 }
@@ -653,14 +685,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(const at::Tensor& g
 at::Tensor forward_cpu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t S,
                        int64_t pl, int64_t pr, int64_t D, int64_t act) {
     validate(x, w, b, S, pl, pr, D, act);
-    TORCH_CHECK_VALUE(false, "dwgen: x must be on a CUDA device; move it with x.cuda()");
+    DWGEN_CHECK(ValueError, false, "dwgen: x must be on a CUDA device; move it with x.cuda()");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(const at::Tensor& gy, const at::Tensor& x,
                                                             const at::Tensor& w, const std::optional<at::Tensor>& b,
                                                             int64_t S, int64_t pl, int64_t pr, int64_t D, int64_t act) {
     validate(x, w, b, S, pl, pr, D, act);
-    TORCH_CHECK_VALUE(false, "dwgen: x must be on a CUDA device; move it with x.cuda()");
+    DWGEN_CHECK(ValueError, false, "dwgen: x must be on a CUDA device; move it with x.cuda()");
 }
 
 using forward_sig = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
@@ -748,7 +780,7 @@ at::Tensor forward_autograd(const at::Tensor& x, const at::Tensor& w, const std:
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd(const at::Tensor& gy, const at::Tensor& x,
                                                                  const at::Tensor& w, const std::optional<at::Tensor>& b,
                                                                  int64_t S, int64_t pl, int64_t pr, int64_t D, int64_t act) {
-    TORCH_CHECK(!(at::GradMode::is_enabled() && (gy.requires_grad() || needs_grad(x, w, b))),
+    DWGEN_CHECK(Error, !(at::GradMode::is_enabled() && (gy.requires_grad() || needs_grad(x, w, b))),
                 "dwgen: depthwise_conv1d has no double backward (create_graph=True through it); use F.conv1d there");
     at::AutoDispatchBelowADInplaceOrView below;
     return backward_op().call(gy, x, w, b, S, pl, pr, D, act);
@@ -757,7 +789,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd(const at::Tenso
 // For tests and the gate: kernel `which` of the table on its own, with no dispatch.
 void launch(int64_t which, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
             const at::Tensor& y, int64_t padding, int64_t act) {
-    TORCH_CHECK(which >= 0 && which < KERNEL_COUNT && KERNELS[which].fwd != nullptr, "dwgen: no forward kernel number ",
+    DWGEN_CHECK(Error, which >= 0 && which < KERNEL_COUNT && KERNELS[which].fwd != nullptr, "dwgen: no forward kernel number ",
                 which, "; rebuild the generated module");
     const c10::cuda::CUDAGuard guard(x.device());
     check_launch(KERNELS[which].fwd(x.data_ptr(), w.data_ptr(), b.has_value() ? b->data_ptr() : nullptr, y.data_ptr(),
@@ -769,7 +801,7 @@ void launch(int64_t which, const at::Tensor& x, const at::Tensor& w, const std::
 void launch_backward(int64_t which, const at::Tensor& gy, const at::Tensor& x, const at::Tensor& w,
                      const std::optional<at::Tensor>& b, const at::Tensor& gx, const at::Tensor& gw,
                      const at::Tensor& gb, int64_t padding, int64_t act) {
-    TORCH_CHECK(which >= 0 && which < KERNEL_COUNT && KERNELS[which].bwd != nullptr, "dwgen: no backward kernel number ",
+    DWGEN_CHECK(Error, which >= 0 && which < KERNEL_COUNT && KERNELS[which].bwd != nullptr, "dwgen: no backward kernel number ",
                 which, "; rebuild the generated module");
     const c10::cuda::CUDAGuard guard(x.device());
     const Kernel& k = KERNELS[which];

@@ -587,3 +587,38 @@ def test_double_backward_is_refused_in_one_line(generated):
     with pytest.raises(RuntimeError, match="dwgen: depthwise_conv1d has no double backward") as e:
         torch.autograd.grad(y.square().sum(), x, create_graph=True)
     assert "\n" not in str(e.value).strip()
+
+
+# Bad CUDA input straight into C++ (the direct binding and the registered op), each call in a process of its
+# own: on the H200 host every message that carried a number once ended the process with SIGSEGV instead of
+# raising (the C++ checks now spell their text without iostreams).
+BAD_CUDA_CALLS = {
+    "weight shape, op": ("op(x, w.new_zeros(8, 2, 4), None, 1, 1, 1, 1, 0)",
+                         "dwgen: weight must have shape (8, 1, K) for depthwise conv, got (8, 2, 4)"),
+    "weight shape, binding": ("ext.forward(x, w.new_zeros(8, 2, 4), None, 1, 1, 1, 1, 0)",
+                              "dwgen: weight must have shape (8, 1, K) for depthwise conv, got (8, 2, 4)"),
+    "bias shape": ("op(x, w, w.new_zeros(3), 1, 1, 1, 1, 0)", "dwgen: bias must have shape (8,) or be None"),
+    "stride 0": ("op(x, w, None, 0, 1, 1, 1, 0)", "dwgen: stride must be an int >= 1, got 0"),
+    "dtype": ("op(x.double(), w.double(), None, 1, 1, 1, 1, 0)",
+              "dwgen: x must be float32, float16 or bfloat16, got Double"),
+    "no output": ("op(x[..., :2], w, None, 1, 0, 0, 1, 0)",
+                  "dwgen: no output for length 2, kernel 4, padding 0+0, dilation 1; raise padding or the length"),
+    "grad_out shape": ("torch.ops.dwgen.depthwise_conv1d_backward(x, x, w, None, 1, 0, 0, 1, 0)",
+                       "dwgen: grad_out must be Float (2, 8, 97) on cuda:0, got Float (2, 8, 100)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CUDA_CALLS))
+def test_bad_cuda_input_raises_one_line_from_cpp(generated, name):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    call, message = BAD_CUDA_CALLS[name]
+    script = ("import torch, generated\next = generated.build()\nop = torch.ops.dwgen.depthwise_conv1d\n"
+              "x, w = torch.randn(2, 8, 100, device='cuda'), torch.randn(8, 1, 4, device='cuda')\n"
+              f"try:\n    {call}\nexcept (ValueError, TypeError, RuntimeError) as e:\n    print(str(e))\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-2000:]}"
+    assert out.stdout.strip() == message
