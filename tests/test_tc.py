@@ -168,15 +168,21 @@ def _mma(acc, a, b0, b1, dtype):
     """acc += A @ B for one warp, from its fragments (lane-major arrays) laid out as the PTX ISA says."""
     lane = np.arange(32)
     g, q = lane >> 2, lane & 3
-    A, B, C = np.full((16, 16), np.nan), np.full((16, 8), np.nan), np.full((16, 8), np.nan)
+    A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+    seen = {"A": np.zeros((16, 16), bool), "B": np.zeros((16, 8), bool), "C": np.zeros((16, 8), bool)}
     for r, (row, col) in enumerate([(g, 2 * q), (g + 8, 2 * q), (g, 2 * q + 8), (g + 8, 2 * q + 8)]):
         A[row, col], A[row, col + 1] = _value(a[:, r] & 0xFFFF, dtype), _value(a[:, r] >> 16, dtype)
+        seen["A"][row, col] = seen["A"][row, col + 1] = True
     B[2 * q, g], B[2 * q + 1, g] = _value(b0 & 0xFFFF, dtype), _value(b0 >> 16, dtype)
     B[2 * q + 8, g], B[2 * q + 9, g] = _value(b1 & 0xFFFF, dtype), _value(b1 >> 16, dtype)
+    for k in (2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9):
+        seen["B"][k, g] = True
     for i, (row, col) in enumerate([(g, 2 * q), (g, 2 * q + 1), (g + 8, 2 * q), (g + 8, 2 * q + 1)]):
         C[row, col] = acc[:, i]
-    assert not (np.isnan(A).any() or np.isnan(B).any() or np.isnan(C).any()), "a fragment element is unset"
-    Dm = (A @ B + C).astype(np.float32)
+        seen["C"][row, col] = True
+    assert all(m.all() for m in seen.values()), "a fragment element is unset"
+    with np.errstate(invalid="ignore"):  # 0 x Inf = NaN, as IEEE (and the tensor cores) have it
+        Dm = (A @ B + C).astype(np.float32)
     return np.stack([Dm[g, 2 * q], Dm[g, 2 * q + 1], Dm[g + 8, 2 * q], Dm[g + 8, 2 * q + 1]], axis=1)
 
 
@@ -283,6 +289,28 @@ def test_emulated_kernel_computes_conv1d(case):
     bound = DTYPES[dtype].tolerance * scale + DTYPES[dtype].absolute_floor
     assert not torch.isnan(err).any()
     assert bool((err <= bound).all()), f"max error {float((err - bound).max()):.3g} over the bound"
+
+
+@pytest.mark.parametrize("k, pad, d", [(31, 15, 1), (7, 3, 1), (7, 0, 2)])
+def test_an_inf_input_spreads_no_further_than_the_blocks_that_read_it(k, pad, d):
+    """The documented non-finite behaviour (README): zero weights of the band meet the Inf (0 x Inf = NaN),
+    so outputs whose window does not hold it may be NaN too, but only within the 16-output blocks whose
+    staged inputs reach it; the outputs whose window holds it are non-finite, as in F.conv1d."""
+    p = Problem(1, 1, 1024, k, 1, pad, d, "fp16", False)
+    c = tc.Config(2, 1, 512)
+    gen = torch.Generator().manual_seed(k)
+    x, w = torch.randn(1, 1, 1024, generator=gen).half(), torch.randn(1, 1, k, generator=gen).half()
+    pos = 500
+    x[0, 0, pos] = float("inf")
+    y = emulate(p, c, x.reshape(1, -1), w.reshape(1, k), None, p.out_length, 0, 0, 0)[0]
+    ref = F.conv1d(x.double(), w.double(), padding=pad, dilation=d)[0, 0].numpy()
+    holds = ~np.isfinite(ref)
+    assert (~np.isfinite(y[holds])).all()
+    reach = 16 * (tc.Tiling(p, c).nch_max + 1)  # a block's inputs span nch_max chunks of 16, the Inf one more
+    far = np.abs(np.arange(p.out_length) + pad - pos) > reach
+    assert np.isfinite(y[far]).all()
+    bound = DTYPES["fp16"].tolerance * np.abs(ref[far]).max() + DTYPES["fp16"].absolute_floor
+    assert np.abs(y[far] - ref[far]).max() <= bound
 
 
 def test_emulation_catches_a_wrong_fragment_layout(monkeypatch):
