@@ -125,6 +125,9 @@ def _launcher_table(text: str) -> tuple[dict[int, str], dict[str, str]]:
     return ({int(i): n for n, i in _TABLE_ROW.findall(text)}, dict(_DECLARATION.findall(text)))
 
 
+TC_FAMILY = "dw1d_tc"  # the tensor-core forward: an Inf or NaN input spreads to nearby outputs (README)
+
+
 @dataclass
 class Tables:
     """What this module dispatches to, after every check: only trusted kernels and entries are here."""
@@ -138,7 +141,7 @@ class Tables:
     warnings: list = field(default_factory=list)
 
 
-def _trusted(m: dict, here: Path, capability: str | None) -> Tables:
+def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = True) -> Tables:
     """The dispatch tables of a manifest that passed check_manifest.
 
     A kernel is trusted when its record is well-formed, the launcher's table has it at its index, and its
@@ -149,7 +152,9 @@ def _trusted(m: dict, here: Path, capability: str | None) -> Tables:
     an entry falls back to the generic kernel of its dtype, layout and K. A backward entry goes to the
     tuned_bwd table, a forward one to tuned; each must name a kernel of its direction. The generic designs
     are chosen to be good everywhere and are kept. The digests catch edits and corruption, not a forger who rewrites
-    both a file and the manifest."""
+    both a file and the manifest. With tensor_cores False (DWGEN_TENSOR_CORES=0), entries whose kernel is of
+    the tensor-core family are left out: their problems run the CUDA-core generic kernels (README: non-finite
+    inputs)."""
     t = Tables()
     launcher = (here / m["launcher"]).read_text() if (here / m["launcher"]).exists() else ""
     table, _ = _launcher_table(launcher)
@@ -174,6 +179,8 @@ def _trusted(m: dict, here: Path, capability: str | None) -> Tables:
         direction = e.get("direction", "fwd") if why is None else None
         if why is None and t.kernels[e["kernel"]][1]["direction"] != direction:
             why = f"its kernel is not a {'forward' if direction == 'fwd' else 'backward'} kernel"
+        if why is None and not tensor_cores and t.kernels[e["kernel"]][1]["config"].get("family") == TC_FAMILY:
+            continue  # the user asked for IEEE non-finite behaviour over the tensor cores' speed
         if why is None and capability is not None and e["machine"]["capability"] != capability:
             foreign.add(e["machine"]["capability"])
             continue
@@ -231,7 +238,8 @@ def tables(device: int | None = None) -> Tables:
         with _lock:
             t = _tables.get(index)
             if t is None:
-                t = _trusted(MANIFEST, _HERE, _capability(index) if torch.cuda.is_available() else None)
+                t = _trusted(MANIFEST, _HERE, _capability(index) if torch.cuda.is_available() else None,
+                             tensor_cores=os.environ.get("DWGEN_TENSOR_CORES", "1") != "0")
                 seen = {w for other in _tables.values() for w in other.warnings}
                 for w in t.warnings:
                     if w not in seen:

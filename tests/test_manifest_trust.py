@@ -45,10 +45,14 @@ def load(here):
     return load_frozen(here, f"dwgen_frozen_trust_{next(_names)}")
 
 
+def forward_entries(m: dict) -> list[dict]:
+    return [e for e in m["entries"] if e.get("direction", "fwd") == "fwd"]
+
+
 def tuned_entry(m: dict) -> dict:
-    """A tuned entry whose kernel no generic slot uses: refusing it changes only that entry's dispatch."""
+    """A tuned forward entry whose kernel no generic slot uses: refusing it changes only that entry's dispatch."""
     fast = set(m["generic"]["fast"].values())
-    return next(e for e in m["entries"] if e["kernel"] not in fast)
+    return next(e for e in forward_entries(m) if e["kernel"] not in fast)
 
 
 def key(e: dict) -> tuple:
@@ -62,7 +66,8 @@ def test_schema_is_the_freezes():
 def test_the_committed_module_is_trusted_whole(here):
     m = manifest(here)
     t = trusted(here)
-    assert len(t.kernels) == len(m["kernels"]) and len(t.tuned) == len(m["entries"]) > 0
+    assert len(t.kernels) == len(m["kernels"]) and len(t.tuned) == len(forward_entries(m)) > 0
+    assert len(t.tuned) + len(t.tuned_bwd) == len(m["entries"])
     assert t.fast == m["generic"]["fast"] and t.dropped == [] and t.warnings == []
     assert freeze.stale_entries(here) == []
 
@@ -131,7 +136,7 @@ def test_a_tuned_entry_of_the_wrong_type_is_refused(here, path, value):
         target[path[-1]] = value
     rewrite(here, edit)
     t = trusted(here)
-    assert key(e) not in t.tuned and len(t.tuned) == len(manifest(here)["entries"]) - 1
+    assert key(e) not in t.tuned and len(t.tuned) == len(forward_entries(manifest(here))) - 1
     assert e["kernel"] in t.kernels  # the kernel is fine: only this entry's dispatch is refused
     assert len(t.warnings) == 1 and "tuned entry" in t.warnings[0]
 
@@ -211,8 +216,10 @@ def test_nothing_is_loaded_with_pickle_or_eval():
 
 def add_bwd_entry(here, kernel: str | None = None, **fields) -> dict:
     """A backward entry for the tuned forward's problem, naming the generic backward kernel of its signature
-    (one of the committed kernels, so the files stay as recorded) unless told another."""
+    (one of the committed kernels, so the files stay as recorded) unless told another; the committed
+    backward entries are taken out first, so that it is the only one."""
     def edit(m):
+        m["entries"] = forward_entries(m)
         e = next(x for x in m["entries"] if x["key"] == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias")
         m["entries"].append({**e, "direction": "bwd", "kernel": kernel or m["generic"]["fast_bwd"]["fp32_bcl_k3"],
                              **fields})
@@ -244,9 +251,9 @@ def test_backward_entries_fill_the_tuned_bwd_table(here):
 def test_an_entry_whose_direction_does_not_fit_is_refused(here, which, fields, why):
     m = manifest(here)
     kernel = tuned_entry(m)["kernel"] if which == "fwd kernel" else m["generic"]["fast_bwd"]["fp32_bcl_k3"]
-    add_bwd_entry(here, kernel, **fields)
+    m = add_bwd_entry(here, kernel, **fields)
     t = trusted(here)
-    assert t.tuned_bwd == {} and len(t.tuned) == len(m["entries"])  # the others are all used
+    assert t.tuned_bwd == {} and len(t.tuned) == len(m["entries"]) - 1  # the others are all used
     assert len(t.warnings) == 1 and "tuned entry" in t.warnings[0] and why in t.warnings[0]
 
 
@@ -254,3 +261,18 @@ def test_backward_entries_tuned_on_another_architecture_fall_back(here):
     m = add_bwd_entry(here, machine={**manifest(here)["entries"][0]["machine"], "capability": "8.0"})
     assert trusted(here, "9.0").tuned_bwd == {} and "architecture 8.0" in trusted(here, "9.0").warnings[0]
     assert trusted(here, "8.0").tuned_bwd == {key(m["entries"][-1]): m["entries"][-1]["kernel"]}
+
+
+def test_tensor_cores_off_leaves_out_only_the_tensor_core_entries(here):
+    """DWGEN_TENSOR_CORES=0: the problems tuned to a tensor-core kernel run the generic kernels instead."""
+    m = manifest(here)
+    frozen_dispatch.check_manifest(m)
+    family = {k["name"]: k["config"].get("family") for k in m["kernels"]}
+    tc = {key(e) for e in m["entries"] if family[e["kernel"]] == frozen_dispatch.TC_FAMILY}
+    if not tc:
+        pytest.skip("generated/ has no tuned tensor-core entry")
+    on = frozen_dispatch._trusted(m, here, "9.0")
+    off = frozen_dispatch._trusted(m, here, "9.0", tensor_cores=False)
+    assert tc <= set(on.tuned)
+    assert set(off.tuned) == set(on.tuned) - tc
+    assert off.tuned_bwd == on.tuned_bwd and off.fast == on.fast
