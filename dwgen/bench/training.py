@@ -104,8 +104,10 @@ def measure(case: Case, names: list[str], device: str = "cuda") -> list[dict]:
             common["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         for d in case.directions:
             rows[name, d] = {**common, **({"host_us": host[d], "timing": timing[d]} if d in host else {})}
-        if name == "dwgen":
-            rows[name, "fwd"]["kernel"] = _kernel(case, x, w, b)
+        if name == "dwgen":  # each row names the kernels it ran: fwd+bwd both
+            kernels = {d: _kernel(case, x, w, b, d) for d in ("fwd", "bwd") if d in case.directions}
+            for d in case.directions:
+                rows[name, d]["kernel"] = " + ".join(k for k in map(kernels.get, d.split("+")) if k)
     del ref
     times, rounds = bench.time_rounds(fns, flush=bench.needs_flush(case))
     for name in contenders:
@@ -130,8 +132,8 @@ def measure(case: Case, names: list[str], device: str = "cuda") -> list[dict]:
     return out
 
 
-def _kernel(case: Case, x, w, b) -> str:
-    """The forward kernel dwgen runs for the case, or "" when generated.kernel_for cannot say."""
+def _kernel(case: Case, x, w, b, direction: str = "fwd") -> str:
+    """The kernel dwgen runs for the case in that direction, or "" when generated.kernel_for cannot say."""
     import torch
 
     import generated
@@ -139,6 +141,6 @@ def _kernel(case: Case, x, w, b) -> str:
     try:
         with torch.no_grad():
             return generated.kernel_for(x, w, b, case.stride, "causal" if case.causal else case.padding,
-                                        case.dilation)
+                                        case.dilation, direction=direction)
     except (TypeError, ValueError, RuntimeError):  # kernel_for's arguments are not part of the op's contract
         return ""
