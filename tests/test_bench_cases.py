@@ -191,7 +191,7 @@ def test_training_measure_assembles_rows_of_every_direction(monkeypatch):
     monkeypatch.setattr(bench, "copy_operands", lambda p: lambda: None)
     monkeypatch.setattr(bench, "host_us_per_call", lambda fn, calls=100: [fn(), 5.0][1])
     monkeypatch.setattr(bench, "time_rounds", time_rounds)
-    monkeypatch.setattr(training, "_kernel", lambda *args: "dw1d_mock")
+    monkeypatch.setattr(training, "_kernel", lambda case, x, w, b, direction="fwd": f"dw1d_{direction}_mock")
     monkeypatch.setitem(contenders.TRAINING, "dwgen", contenders.eager_training)  # a right answer
     monkeypatch.setitem(contenders.TRAINING, "torch.compile",
                         lambda c: lambda x, w, b: contenders.case_forward(c, x, w, b) * 1.01)  # a wrong one
@@ -205,7 +205,8 @@ def test_training_measure_assembles_rows_of_every_direction(monkeypatch):
     assert bwd["ms"] == pytest.approx(2.5) and bwd["x_copy"] == pytest.approx(2.5)
     assert bwd["speedup_vs_torch"] == pytest.approx(20.0 / 2.5) and bwd["host_us"] == pytest.approx(0.0)
     assert got["fwd+bwd", "pytorch"]["x_copy"] == pytest.approx(30.0)
-    assert got["fwd", "dwgen"]["kernel"] == "dw1d_mock" and "kernel" not in got["bwd", "dwgen"]
+    assert got["fwd", "dwgen"]["kernel"] == "dw1d_fwd_mock" and got["bwd", "dwgen"]["kernel"] == "dw1d_bwd_mock"
+    assert got["fwd+bwd", "dwgen"]["kernel"] == "dw1d_fwd_mock + dw1d_bwd_mock"
     assert got["fwd", "pytorch"]["correct"] and got["fwd+bwd", "dwgen"]["correct"]
     wrong = got["bwd", "torch.compile"]
     assert not wrong["correct"] and "y misses float64" in wrong["error"] and wrong["ms"] == pytest.approx(18.0)
