@@ -278,6 +278,15 @@ def check_backward(p: Problem, run: Callable, act: int = 0, seeds=(0, 1)) -> Che
     return CheckOutcome(True, "", worst)
 
 
+def through_backward_op(op: Callable, act: int) -> Callable:
+    """A `run` for check_backward that calls the registered backward op as autograd does (symmetric
+    padding, activation `act`) and copies its gradients into the NaN-filled outputs."""
+    def run(q: Problem, x, w, b, gy, gx, gw, gb) -> None:
+        rx, rw, rb = op(gy, x, w, b, q.stride, q.padding, q.padding, q.dilation, act)
+        gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
+    return run
+
+
 def check_backward_stream(p: Problem, run: Callable, act: int = 0) -> CheckOutcome:
     """check_stream for the backward: its launch (both kernels, and any scratch it takes), captured into a
     CUDA graph on a side stream, writes nothing before the replay, and the replay's gradients are right."""

@@ -124,11 +124,7 @@ def gate(mod, log=print) -> list[str]:
                 failures.append(f"depthwise_conv1d on {p.key}: {outcome.message}")
             continue
         for act in (0, 1):  # the backward op as autograd calls it, on the problem its kernel was tuned for
-            def run_op(q, x, w, b, gy, gx, gw, gb, act=act):
-                rx, rw, rb = op_bwd(gy, x, w, b, q.stride, q.padding, q.padding, q.dilation, act)
-                gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
-
-            outcome = check.check_backward(p, run_op, act=act, seeds=(3,))
+            outcome = check.check_backward(p, check.through_backward_op(op_bwd, act), act=act, seeds=(3,))
             if not outcome.ok:
                 failures.append(f"depthwise_conv1d_backward on {p.key}: {outcome.message}")
     for dtype in mod.MANIFEST["generic"]["scalar"]:
@@ -138,11 +134,7 @@ def gate(mod, log=print) -> list[str]:
                 outcome = check.check(p, lambda q, x, w, b, y, act=act: y.copy_(
                     op(x, w, b, q.stride, q.padding, q.padding, q.dilation, act)), seeds=(4,), cache=cache, act=act)
                 if outcome.ok:
-                    def run(q, x, w, b, gy, gx, gw, gb, act=act):
-                        rx, rw, rb = op_bwd(gy, x, w, b, q.stride, q.padding, q.padding, q.dilation, act)
-                        gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
-
-                    outcome = check.check_backward(p, run, act=act, seeds=(5,))
+                    outcome = check.check_backward(p, check.through_backward_op(op_bwd, act), act=act, seeds=(5,))
                 if not outcome.ok:
                     failures.append(f"generic {dtype}: {outcome.message}")
     return failures

@@ -81,10 +81,7 @@ def frozen_check_backward(p: Problem) -> str:
     generated.build()
     op = torch.ops.dwgen.depthwise_conv1d_backward.default
     for act in (0, 1):
-        def run(q, x, w, b, gy, gx, gw, gb, act=act):
-            rx, rw, rb = op(gy, x, w, b, q.stride, q.padding, q.padding, q.dilation, act)
-            gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
-        outcome = check.check_backward(p, run, act=act)
+        outcome = check.check_backward(p, check.through_backward_op(op, act), act=act)
         assert outcome.ok, outcome.message
     x, w, b = check.make_inputs(p, 0)
     return generated.kernel_for(x, w, b, p.stride, p.padding, p.dilation, direction="bwd")

@@ -35,10 +35,7 @@ generated.build()
 op = torch.ops.dwgen.depthwise_conv1d_backward.default
 outcomes = []
 for act in (0, 1):
-    def run(q, x, w, b, gy, gx, gw, gb, act=act):
-        rx, rw, rb = op(gy, x, w, b, q.stride, q.padding, q.padding, q.dilation, act)
-        gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
-    outcomes.append(check.check_backward(p, run, act=act).message)
+    outcomes.append(check.check_backward(p, check.through_backward_op(op, act), act=act).message)
 print(json.dumps({"chosen": chosen, "failures": [m for m in outcomes if m]}))
 """
 
