@@ -28,10 +28,14 @@ def candidates(dtype: str, layout: str) -> list:
         return [blc.Config(threads=t, vec=vec, outs=o, steps=s, cthreads=ct)
                 for t, vec, o, s, ct in ((128, v // 2, 8, 4, 32), (64, v // 2, 4, 1, 32), (128, v // 2, 4, 16, 32),
                                          (128, v, 4, 16, 64), (128, v, 2, 16, 8))]
-    return [bcl.Config(threads=128, vec=v, outs=2, halo="shfl"), bcl.Config(threads=128, vec=v, outs=2, halo="l1"),
-            bcl.Config(threads=64, vec=v, outs=2, halo="l1"), bcl.Config(threads=128, vec=v, outs=4, halo="l1"),
-            bcl.Config(threads=256, vec=v, outs=1, walk="row", halo="async"),
-            bcl.Config(threads=128, vec=v, outs=2, walk="persistent", halo="async")]
+    designs = [bcl.Config(threads=128, vec=v, outs=2, halo="shfl"), bcl.Config(threads=128, vec=v, outs=2, halo="l1"),
+               bcl.Config(threads=64, vec=v, outs=2, halo="l1"), bcl.Config(threads=128, vec=v, outs=4, halo="l1"),
+               bcl.Config(threads=256, vec=v, outs=1, walk="row", halo="async"),
+               bcl.Config(threads=128, vec=v, outs=2, walk="persistent", halo="async")]
+    if DTYPES[dtype].bytes < 4:  # 8-half vectors take 38-40 registers at K7-K9 uncapped (bf16 K7 won capped)
+        designs += [bcl.Config(threads=64, vec=v, outs=2, halo="l1", cap=True),
+                    bcl.Config(threads=128, vec=v, outs=2, halo="l1", cap=True)]
+    return designs
 
 
 def training_problems(k: int, dtype: str, layout: str) -> list[Problem]:

@@ -1,0 +1,24 @@
+"""search.generic's candidate designs: each one a valid, distinct kernel for every generic (dtype, layout, K)."""
+import pytest
+
+from dwgen.dtypes import DTYPES
+from dwgen.problem import LAYOUTS
+from dwgen.space import GENERIC_KERNEL_SIZES, Variant, generic_problem, violations
+from search.generic import candidates
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_candidates_are_valid_and_distinct(dtype, layout):
+    for k in GENERIC_KERNEL_SIZES:
+        p = generic_problem(k, dtype, layout)
+        names = [Variant(p, c).name for c in candidates(dtype, layout) if not violations(p, c)]
+        assert len(names) >= 3, f"{dtype} {layout} K{k}: only {names}"
+        assert len(set(names)) == len(names), names
+
+
+def test_16bit_row_candidates_include_the_register_cap():
+    # bf16 K7's tuned winner was the capped design; the generic choice must be able to find it too.
+    for dtype in ("bf16", "fp16"):
+        assert any(c.cap for c in candidates(dtype, "bcl"))
+    assert not any(c.cap for c in candidates("fp32", "bcl"))
