@@ -4,11 +4,14 @@ Most users never tune their shape; the frozen module then runs one generic kerne
 (stride 1, dilation 1, any length, padding and bias). For each, this checks and times a few candidate
 designs on training shapes (chosen apart from benchmarks/untuned.txt, which stays a held-out test), keeps
 the design with the best geometric mean of x copy, and freezes the choices into generated/ (its manifest
-records them; nothing else is written).
+records them). Each choice is also kept under runs/generic/ as it is made, so a run that is stopped
+re-measures only what it had not finished.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import sys
 import time
@@ -83,6 +86,29 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) 
             "geomean_x_copy": geo[best], "machine": machine}
 
 
+def record_path(runs: Path, k: int, dtype: str, layout: str) -> Path:
+    """Where one (dtype, layout, K)'s measured choice is kept, named by the digests of the candidates it
+    weighed: a changed template or candidate list names a new file, so an old measurement is never reused."""
+    stand_in = generic_problem(k, dtype, layout)
+    digests = sorted(Variant(stand_in, c).digest for c in candidates(dtype, layout) if not violations(stand_in, c))
+    tag = hashlib.sha256(json.dumps([digests, [p.key for p in training_problems(k, dtype, layout)]]).encode())
+    return runs / "generic" / f"{generic_key(stand_in)}-{tag.hexdigest()[:12]}.json"
+
+
+def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=print) -> dict:
+    """A measurement this machine made of the same candidates (an interrupted run), else a new one, kept."""
+    path = record_path(runs, k, dtype, layout)
+    if path.is_file():
+        log(f"  reusing the measurement in {path}")
+        return json.loads(path.read_text())
+    rec = choose(k, dtype, layout, build, log=log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1))
+    tmp.replace(path)  # whole or absent: a kill mid-write leaves no half record
+    return rec
+
+
 def _csv(text: str, allowed: tuple, what: str) -> list:
     """Comma-separated values from `allowed` (compared as text); ValueError names the first that is not."""
     names = {str(a): a for a in allowed}
@@ -130,8 +156,8 @@ def main(argv: list[str]) -> int:
                     key = generic_key(generic_problem(k, dtype, layout))
                     print(f"{key}: candidates on "
                           f"{', '.join(p.key for p in training_problems(k, dtype, layout))}", flush=True)
-                    chosen[key] = choose(k, dtype, layout, build)
-                # Frozen (through the gate) after every (dtype, layout): an interrupted run keeps its measurements.
+                    chosen[key] = choose_or_reuse(k, dtype, layout, build, Path("runs"))
+                # Frozen (through the gate) after every (dtype, layout); runs/generic/ keeps each K in between.
                 workflow.freeze_gated([], out, generic=chosen)
     except workflow.UserError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
