@@ -31,7 +31,7 @@ def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
     # place or a ratio taken the wrong way round shows.
     assert e["problem"] == {"batch": 32, "channels": 512, "length": 8192, "kernel_size": 3, "stride": 1,
                             "padding": 1, "dilation": 1, "dtype": "fp32", "bias": False,
-                            "layout": "bcl"}
+                            "layout": "bcl", "padding_right": 1, "activation": "none"}
     assert e["key"] == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias"
     assert e["kernel"] == "dw1d_f32_k3_t256_v4_o1_l1_cs" and e["digest"] == w.variant.digest
     assert e["config"]["threads"] == 256 and e["config"]["halo"] == "l1" and e["config"]["stream"] is True
