@@ -69,21 +69,30 @@ def make_inputs(p: Problem, seed: int, device: str = "cuda"):
 
 
 def torch_conv(p: Problem, x, w, b):
+    """The convolution alone (no activation), padded as p says: F.conv1d's own padding when symmetric, else
+    x zero-padded by F.pad on each side first (exact: the same products, the same sums)."""
     import torch.nn.functional as F
 
-    return F.conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.channels)
+    if p.symmetric:
+        return F.conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.channels)
+    return F.conv1d(F.pad(x, p.paddings), w, b, stride=p.stride, dilation=p.dilation, groups=p.channels)
 
 
-def reference(p: Problem, x, w, b, act: int = 0):
-    """float64 result and the float64 error scale conv(|x|, |w|) + |b| for each output (SiLU, whose slope
-    stays below 1.1, keeps that scale)."""
+def activate(p: Problem, z):
+    """p's activation applied to a convolution's result."""
     import torch.nn.functional as F
 
+    return F.silu(z) if p.activation == "silu" else z
+
+
+def reference(p: Problem, x, w, b):
+    """float64 result (with p's activation) and the float64 error scale conv(|x|, |w|) + |b| for each output
+    (SiLU, whose slope stays below 1.1, keeps that scale)."""
     xd, wd = x.double(), w.double()
     bd = b.double() if b is not None else None
     ref = torch_conv(p, xd, wd, bd)
     scale = torch_conv(p, xd.abs(), wd.abs(), bd.abs() if bd is not None else None)
-    return (F.silu(ref) if act == 1 else ref), scale
+    return activate(p, ref), scale
 
 
 def compare(p: Problem, out, ref, scale) -> CheckOutcome:
@@ -116,13 +125,13 @@ class ReferenceCache:
         self.device, self.max_entries = device, max_entries
         self._entries: dict = {}
 
-    def get(self, p: Problem, seed: int, act: int = 0):
-        key = (p, seed, act)
+    def get(self, p: Problem, seed: int):
+        key = (p, seed)  # the problem holds its paddings and activation
         if key not in self._entries:
             if len(self._entries) >= self.max_entries:
                 self._entries.pop(next(iter(self._entries)))
             x, w, b = make_inputs(p, seed, self.device)
-            self._entries[key] = (x, w, b, *reference(p, x, w, b, act))
+            self._entries[key] = (x, w, b, *reference(p, x, w, b))
         return self._entries[key]
 
 
@@ -178,15 +187,15 @@ def check_stream(p: Problem, run: Callable, cache: ReferenceCache | None = None)
     return outcome if outcome.ok else CheckOutcome(False, f"graph replay: {outcome.message}", outcome.max_rel_error)
 
 
-def check(p: Problem, run: Callable, seeds=SEEDS, cache: ReferenceCache | None = None, act: int = 0) -> CheckOutcome:
-    """Run `run(problem, x, w, b, y)` on random inputs per seed, y pre-filled with NaN, and compare (with
-    SiLU applied to the reference when act is 1)."""
+def check(p: Problem, run: Callable, seeds=SEEDS, cache: ReferenceCache | None = None) -> CheckOutcome:
+    """Run `run(problem, x, w, b, y)` on random inputs per seed, y pre-filled with NaN, and compare with the
+    float64 reference of the problem (its paddings and its activation)."""
     import torch
 
     cache = cache or ReferenceCache()
     worst = 0.0
     for seed in seeds:
-        x, w, b, ref, scale = cache.get(p, seed, act)
+        x, w, b, ref, scale = cache.get(p, seed)
         y, guards_intact = guarded_output(p, device=x.device)
         run(p, x, w, b, y)
         torch.cuda.synchronize()
@@ -199,28 +208,28 @@ def check(p: Problem, run: Callable, seeds=SEEDS, cache: ReferenceCache | None =
     return CheckOutcome(True, "", worst)
 
 
-# The backward: grad_x, grad_weight and grad_bias of depthwise_conv1d (with SiLU when act is 1) against
+# The backward: grad_x, grad_weight and grad_bias of depthwise_conv1d (with p's activation) against
 # float64 autograd of F.conv1d on the same inputs. Each gradient's error is bounded like the forward's,
 # by the sum of the magnitudes it adds up (|w|*|g| for grad_x, |g|*|x| for grad_weight, |g| for grad_bias,
 # g being grad_out through the activation), so long reductions over B and L are judged by their own size.
-def backward_reference(p: Problem, x, w, b, gy, act: int):
+def backward_reference(p: Problem, x, w, b, gy):
     """float64 (grad_x, grad_weight, grad_bias) and their error scales."""
     import torch
-    import torch.nn.functional as F
 
     xd = x.double().requires_grad_()
     wd = w.double().requires_grad_()
     bd = b.double().requires_grad_() if b is not None else None
     with torch.enable_grad():
+        silu = p.activation == "silu"
         z = torch_conv(p, xd, wd, bd)
-        y = F.silu(z) if act == 1 else z
+        y = activate(p, z)
         grads = torch.autograd.grad(y, [t for t in (xd, wd, bd) if t is not None], gy.double(), retain_graph=True)
-        g = torch.autograd.grad(y, z, gy.double())[0] if act == 1 else gy.double()
+        g = torch.autograd.grad(y, z, gy.double())[0] if silu else gy.double()
         xa = xd.detach().abs().requires_grad_()
         wa = wd.detach().abs().requires_grad_()
         za = torch_conv(p, xa, wa, bd.detach().abs() if bd is not None else None)
         gs = g.abs()
-        if act == 1:
+        if silu:
             # The kernel recomputes z in fp32, and SiLU's slope moves with z (|silu''| <= 0.5): an error of
             # tol * |z|'s scale in z is an error of 0.5 * that in the slope, which g carries.
             gs = gs + 0.5 * gy.double().abs() * za.detach()
@@ -249,8 +258,8 @@ def nan_gradients(p: Problem, x, w) -> tuple:
     return gx, gw, gb
 
 
-def _compare_gradients(p: Problem, got: tuple, x, w, b, gy, act: int, what_first: str) -> CheckOutcome:
-    refs, scales = backward_reference(p, x, w, b, gy, act)
+def _compare_gradients(p: Problem, got: tuple, x, w, b, gy, what_first: str) -> CheckOutcome:
+    refs, scales = backward_reference(p, x, w, b, gy)
     worst = 0.0
     for what, g, ref, scale in zip(("grad_x", "grad_weight", "grad_bias"), got, refs, scales, strict=True):
         outcome = compare(p, g, ref, scale)
@@ -260,8 +269,9 @@ def _compare_gradients(p: Problem, got: tuple, x, w, b, gy, act: int, what_first
     return CheckOutcome(True, "", worst)
 
 
-def check_backward(p: Problem, run: Callable, act: int = 0, seeds=(0, 1)) -> CheckOutcome:
-    """Run `run(problem, x, w, b, gy, gx, gw, gb)` (outputs NaN-filled, gx in x's layout) and compare all three."""
+def check_backward(p: Problem, run: Callable, seeds=(0, 1)) -> CheckOutcome:
+    """Run `run(problem, x, w, b, gy, gx, gw, gb)` (outputs NaN-filled, gx in x's layout) and compare all three
+    with float64 autograd of the problem (its paddings and its activation)."""
     import torch
 
     worst = 0.0
@@ -271,23 +281,23 @@ def check_backward(p: Problem, run: Callable, act: int = 0, seeds=(0, 1)) -> Che
         gx, gw, gb = nan_gradients(p, x, w)
         run(p, x, w, b, gy, gx, gw, gb)
         torch.cuda.synchronize()
-        outcome = _compare_gradients(p, (gx, gw, gb), x, w, b, gy, act, f"seed {seed} act {act}: ")
+        outcome = _compare_gradients(p, (gx, gw, gb), x, w, b, gy, f"seed {seed} act {p.activation_arg}: ")
         if not outcome.ok:
             return outcome
         worst = max(worst, outcome.max_rel_error)
     return CheckOutcome(True, "", worst)
 
 
-def through_backward_op(op: Callable, act: int) -> Callable:
-    """A `run` for check_backward that calls the registered backward op as autograd does (symmetric
-    padding, activation `act`) and copies its gradients into the NaN-filled outputs."""
+def through_backward_op(op: Callable) -> Callable:
+    """A `run` for check_backward that calls the registered backward op as autograd does (the problem's
+    paddings and activation) and copies its gradients into the NaN-filled outputs."""
     def run(q: Problem, x, w, b, gy, gx, gw, gb) -> None:
-        rx, rw, rb = op(gy, x, w, b, q.stride, q.padding, q.padding, q.dilation, act)
+        rx, rw, rb = op(gy, x, w, b, *q.op_args)
         gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
     return run
 
 
-def check_backward_stream(p: Problem, run: Callable, act: int = 0) -> CheckOutcome:
+def check_backward_stream(p: Problem, run: Callable) -> CheckOutcome:
     """check_stream for the backward: its launch (both kernels, and any scratch it takes), captured into a
     CUDA graph on a side stream, writes nothing before the replay, and the replay's gradients are right."""
     import torch
@@ -303,4 +313,4 @@ def check_backward_stream(p: Problem, run: Callable, act: int = 0) -> CheckOutco
                                    "launch was captured on that stream)", float("inf"))
     graph.replay()
     torch.cuda.synchronize()
-    return _compare_gradients(p, (gx, gw, gb), x, w, b, gy, act, "graph replay: ")
+    return _compare_gradients(p, (gx, gw, gb), x, w, b, gy, "graph replay: ")

@@ -72,16 +72,19 @@ def positive_seconds(text: str) -> float:
     return v
 
 
+PADDING_NAMES = ("same", "causal")
+
+
 def padding(text: str) -> int | str:
-    """An argparse type: 'same', or a non-negative integer."""
-    if text == "same":
+    """An argparse type: 'same', 'causal', or a non-negative integer."""
+    if text in PADDING_NAMES:
         return text
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither 'same' nor an integer of at least 0") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'same', 'causal' nor an integer of at least 0") from None
     if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} is out of range: give 'same' or an integer of at least 0")
+        raise argparse.ArgumentTypeError(f"{v} is out of range: give 'same', 'causal' or an integer of at least 0")
     return v
 
 

@@ -5,9 +5,11 @@ tuned and generic, launches it through the module's own launcher on its problem 
 problems (odd lengths, tiny shapes, other padding and bias, a misaligned x where the family peels it), with
 the output NaN-poisoned inside NaN guard bands, and checks each against the float64 reference (a backward
 kernel's grad_x, grad_weight and grad_bias against float64 autograd, with and without SiLU). A tuned kernel is
-checked on each problem it was tuned for (a backward one from tune.py --direction bwd on its own problem),
-any other on a problem of its signature. It also checks that each tuned problem dispatches to its kernel in
-its direction and computes right through the module's op, and the generic kernels of every dtype, both ways.
+checked on each problem it was tuned for (its left and right padding and its activation, and the other
+activation too: one launch function takes both; a backward one from tune.py --direction bwd on its own
+problem), any other on a problem of its signature. It also checks that each tuned problem dispatches to its
+kernel in its direction and computes right through the module's op, and the generic kernels of every dtype,
+both ways, symmetric and causal.
 Exit 0 only when every check passed; the tuner commits a manifest only then.
 """
 from __future__ import annotations
@@ -16,10 +18,11 @@ import argparse
 import importlib.util
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from dwgen import check
-from dwgen.problem import Problem
+from dwgen.problem import ACTIVATIONS, Problem, other_activation
 from dwgen.space import Variant, direction_key, make_config
 
 SEEDS = (0, 1)
@@ -56,8 +59,8 @@ def signature_problem(k: dict) -> Problem:
 def _gate_forward(ext, index: int, k: dict, base: Problem, cache) -> str | None:
     variant = Variant(base, make_config(base, k["config"]))
 
-    def run(q, x, w, b, y, act=0):
-        ext.launch(index, x, w.contiguous(), b, y, q.padding, act)
+    def run(q, x, w, b, y):  # the left padding is P; the right one is in y's length
+        ext.launch(index, x, w.contiguous(), b, y, q.padding, q.activation_arg)
 
     for q in [base, *variant.edge_problems()]:
         outcome = check.check(q, run, seeds=SEEDS, cache=cache)
@@ -65,26 +68,30 @@ def _gate_forward(ext, index: int, k: dict, base: Problem, cache) -> str | None:
             outcome = check.check(q, lambda q_, x, w, b, y: run(q_, misaligned(x), w, b, y), seeds=(2,), cache=cache)
         if not outcome.ok:
             return outcome.message
-    outcome = check.check(base, lambda q, x, w, b, y: run(q, x, w, b, y, 1), seeds=(3,), cache=cache, act=1)
+    outcome = check.check(replace(base, activation=other_activation(base)), run, seeds=(3,), cache=cache)
     return None if outcome.ok else outcome.message
 
 
 def _gate_backward(ext, index: int, k: dict, base: Problem) -> str | None:
     variant = Variant(base, make_config(base, k["config"], "bwd"), "bwd")
-    for q in [base, *variant.edge_problems()]:
-        for act in ((0, 1) if q == base else (q.length % 2,)):
-            def run(q_, x, w, b, gy, gx, gw, gb, act=act):
-                ext.launch_backward(index, gy, x, w.contiguous(), b, gx, gw, gb, q_.padding, act)
 
-            outcome = check.check_backward(q, run, act=act, seeds=SEEDS)
+    def run(q, x, w, b, gy, gx, gw, gb):
+        ext.launch_backward(index, gy, x, w.contiguous(), b, gx, gw, gb, q.padding, q.activation_arg)
+
+    for q in [base, *variant.edge_problems()]:
+        # the base problem with both activations; each edge problem with one of them, by its length
+        for activation in (ACTIVATIONS if q == base else (ACTIVATIONS[q.length % 2],)):
+            outcome = check.check_backward(replace(q, activation=activation), run, seeds=SEEDS)
             if not outcome.ok:
                 return outcome.message
     return None
 
 
-# Problems only the generic kernels take (stride, dilation or K past the fast ones, a strided x).
-GENERIC_PROBLEMS = ((2, 5, 301, 33, 3, 7, 2, True, "bcl"), (1, 3, 40, 64, 4, 40, 1, False, "bcl"),
-                    (2, 6, 77, 5, 1, 2, 8, False, "blc"), (2, 16, 130, 4, 2, 3, 1, True, "blc"))
+# Problems only the generic kernels take (stride, dilation or K past the fast ones, a strided x), the last two
+# with causal padding: (B, C, L, K, stride, left padding, dilation, bias, layout, right padding).
+GENERIC_PROBLEMS = ((2, 5, 301, 33, 3, 7, 2, True, "bcl", 7), (1, 3, 40, 64, 4, 40, 1, False, "bcl", 40),
+                    (2, 6, 77, 5, 1, 2, 8, False, "blc", 2), (2, 16, 130, 4, 2, 3, 1, True, "blc", 3),
+                    (2, 5, 300, 33, 3, 64, 2, True, "bcl", 0), (2, 16, 130, 4, 2, 3, 1, False, "blc", 0))
 
 
 def gate(mod, log=print) -> list[str]:
@@ -113,28 +120,31 @@ def gate(mod, log=print) -> list[str]:
     op, op_bwd = torch.ops.dwgen.depthwise_conv1d.default, torch.ops.dwgen.depthwise_conv1d_backward.default
     for name, p, direction in entries:
         x, w, b = check.make_inputs(p, 0)
-        got = mod.kernel_for(x, w, b, p.stride, p.padding, p.dilation, direction=direction)
+        got = mod.kernel_for(x, w, b, **p.call_kwargs, direction=direction)
         if got != name:
             failures.append(f"{direction_key(p, direction)} dispatches to {got}, not its tuned {name}")
         if direction == "fwd":
             with torch.no_grad():
                 outcome = check.check(p, lambda q, x, w, b, y: y.copy_(
-                    mod.depthwise_conv1d(x, w, b, q.stride, q.padding, q.dilation)), seeds=(3,), cache=cache)
+                    mod.depthwise_conv1d(x, w, b, **q.call_kwargs)), seeds=(3,), cache=cache)
             if not outcome.ok:
                 failures.append(f"depthwise_conv1d on {p.key}: {outcome.message}")
             continue
-        for act in (0, 1):  # the backward op as autograd calls it, on the problem its kernel was tuned for
-            outcome = check.check_backward(p, check.through_backward_op(op_bwd, act), act=act, seeds=(3,))
+        # the backward op as autograd calls it, on the problem its kernel was tuned for, with either activation
+        # (the other one dispatches elsewhere, but must be right too)
+        for q in (p, replace(p, activation=other_activation(p))):
+            outcome = check.check_backward(q, check.through_backward_op(op_bwd), seeds=(3,))
             if not outcome.ok:
-                failures.append(f"depthwise_conv1d_backward on {p.key}: {outcome.message}")
+                failures.append(f"depthwise_conv1d_backward on {q.key}: {outcome.message}")
     for dtype in mod.MANIFEST["generic"]["scalar"]:
-        for b_, c_, n_, k_, s_, p_, d_, bias, layout in GENERIC_PROBLEMS:
-            p = Problem(b_, c_, n_, k_, s_, p_, d_, dtype, bias=bias, layout=layout)
-            for act in (0, 1):
-                outcome = check.check(p, lambda q, x, w, b, y, act=act: y.copy_(
-                    op(x, w, b, q.stride, q.padding, q.padding, q.dilation, act)), seeds=(4,), cache=cache, act=act)
+        for b_, c_, n_, k_, s_, p_, d_, bias, layout, pr in GENERIC_PROBLEMS:
+            for activation in ACTIVATIONS:
+                p = Problem(b_, c_, n_, k_, s_, p_, d_, dtype, bias=bias, layout=layout, padding_right=pr,
+                            activation=activation)
+                outcome = check.check(p, lambda q, x, w, b, y: y.copy_(op(x, w, b, *q.op_args)), seeds=(4,),
+                                      cache=cache)
                 if outcome.ok:
-                    outcome = check.check_backward(p, check.through_backward_op(op_bwd, act), act=act, seeds=(5,))
+                    outcome = check.check_backward(p, check.through_backward_op(op_bwd), seeds=(5,))
                 if not outcome.ok:
                     failures.append(f"generic {dtype}: {outcome.message}")
     return failures

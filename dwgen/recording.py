@@ -29,8 +29,8 @@ class Recorder:
         self.calls: Counter[Problem] = Counter()
         self.skipped: Counter[str] = Counter()
 
-    def see(self, x, weight, bias, stride, padding, dilation, groups: int | None = None) -> None:
-        found = problem_of(x, weight, bias, stride, padding, dilation, groups)
+    def see(self, x, weight, bias, stride, padding, dilation, groups: int | None = None, activation=None) -> None:
+        found = problem_of(x, weight, bias, stride, padding, dilation, groups, activation)
         if isinstance(found, Problem):
             self.calls[found] += 1
         elif found:
@@ -51,9 +51,11 @@ def _one(v) -> int | str | None:
     return v
 
 
-def problem_of(x, weight, bias, stride, padding, dilation, groups: int | None = None) -> Problem | str:
-    """The Problem a depthwise conv1d call computes, or why it is not one dwgen tunes ('' when it is not a
-    depthwise call at all, which is not worth a note)."""
+def problem_of(x, weight, bias, stride, padding, dilation, groups: int | None = None,
+               activation=None) -> Problem | str:
+    """The Problem a depthwise conv1d call computes (padding "causal" and activation "silu" included, as
+    generated.depthwise_conv1d takes them), or why it is not one dwgen tunes ('' when it is not a depthwise
+    call at all, which is not worth a note)."""
     import torch
 
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or x.dim() != 3 or weight.dim() != 3:
@@ -65,16 +67,20 @@ def problem_of(x, weight, bias, stride, padding, dilation, groups: int | None = 
         return ""
     k = weight.shape[2]
     stride, padding, dilation = _one(stride), _one(padding), _one(dilation)
+    if activation is not None and activation != "silu":
+        return f"activation {activation!r}: dwgen fuses none or 'silu'"
+    right = None  # the same as the left
     if padding == "valid":
         padding = 0
     elif padding == "causal":
-        return "padding 'causal' (left only): tune.py tunes symmetric padding; the generic kernels run it"
+        padding, right = (k - 1) * (dilation if isinstance(dilation, int) else 1), 0
     elif padding == "same":
         # torch pads (K-1)*dilation in all, split evenly when it can; an odd total pads one side more,
-        # which no symmetric padding describes
+        # which tune.py's --padding (an int, 'same' for odd K, or 'causal') does not describe
         total = (k - 1) * (dilation if isinstance(dilation, int) else 1)
         if total % 2:
-            return f"padding 'same' with an odd total padding ({total}): no symmetric padding describes it"
+            return (f"padding 'same' with an odd total padding ({total}): tune.py takes symmetric or causal "
+                    "padding only")
         padding = total // 2
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (stride, padding, dilation)):
         return f"stride, padding or dilation not one integer ({stride!r}, {padding!r}, {dilation!r})"
@@ -92,16 +98,17 @@ def problem_of(x, weight, bias, stride, padding, dilation, groups: int | None = 
             return f"{name} {v} is outside what tune.py takes ({lo} to {hi})"
     try:
         return Problem(x.shape[0], channels, x.shape[2], kernel_size=k, stride=stride, padding=padding,
-                       dilation=dilation, dtype=dtype, bias=bias is not None, layout=layout)
+                       padding_right=right, dilation=dilation, dtype=dtype, bias=bias is not None, layout=layout,
+                       activation=activation or "none")
     except ProblemError as e:
         return str(e)
 
 
 def suite_line(p: Problem) -> str:
-    """One line of a suite file, in tune.py's problem flags."""
+    """One line of a suite file, in tune.py's problem flags (its padding an int or causal)."""
     return (f"--shape {p.batch}x{p.channels}x{p.length} --kernel-size {p.kernel_size} --stride {p.stride} "
-            f"--padding {p.padding} --dilation {p.dilation} --dtype {p.dtype} --layout {p.layout}"
-            + (" --bias" if p.bias else ""))
+            f"--padding {p.padding_arg} --dilation {p.dilation} --dtype {p.dtype} --layout {p.layout}"
+            + (" --bias" if p.bias else "") + ("" if p.activation == "none" else f" --activation {p.activation}"))
 
 
 @contextmanager
@@ -122,7 +129,7 @@ def record(path: str | Path, conv1d: bool = False) -> Iterator[Recorder]:
         # kernel_for also checks its arguments: only calls that come from depthwise_conv1d are recorded.
         def checked(x, weight, bias, stride, padding, dilation, activation=None):
             if sys._getframe(1).f_code is entry:
-                rec.see(x, weight, bias, stride, padding, dilation)
+                rec.see(x, weight, bias, stride, padding, dilation, activation=activation)
             return validate(x, weight, bias, stride, padding, dilation, activation)
 
         restore.append((generated, "_validate", validate))

@@ -165,16 +165,22 @@ class Variant:
         )
 
     def edge_problems(self) -> list[Problem]:
-        """Other problems of this signature that break the family's assumptions (for the correctness gate)."""
+        """Other problems of this signature that break the family's assumptions (for the correctness gate).
+
+        A family names each edge's (left) padding; the right one follows the problem: the same as the left for
+        a symmetric problem, the problem's own right padding (0 for a causal one) for an asymmetric problem.
+        The activation is the problem's."""
+        p = self.problem
         out: list[Problem] = []
-        for b, c, n, pad, bias in self.family.module.edge_sizes(self.problem, self.config):
+        for b, c, n, pad, bias in self.family.module.edge_sizes(p, self.config):
             if n < 1:
                 continue
             try:
-                q = replace(self.problem, batch=b, channels=c, length=n, padding=pad, bias=bias)
+                q = replace(p, batch=b, channels=c, length=n, padding=pad, bias=bias,
+                            padding_right=pad if p.symmetric else p.padding_right)
             except ProblemError:
                 continue  # no output at this length with this padding
-            if q not in out and q != self.problem:
+            if q not in out and q != p:
                 out.append(q)
         return out
 

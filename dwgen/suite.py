@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dwgen import cli
-from dwgen.problem import KNOWN_DTYPES, LAYOUTS, Problem, ProblemError
+from dwgen.problem import ACTIVATIONS, KNOWN_DTYPES, LAYOUTS, Problem, ProblemError
 
 # What dwgen's kernels are written for; beyond these a tune has nothing to build (K and dilation make the
 # register window, stride the load pattern).
@@ -24,14 +24,17 @@ def add_problem_arguments(ap: argparse.ArgumentParser) -> list[argparse.Action]:
             ap.add_argument("--stride", type=cli.int_range(*STRIDES), default=1,
                             help=f"{STRIDES[0]} to {STRIDES[1]} (default 1)"),
             ap.add_argument("--padding", type=cli.padding, default=None,
-                            help="an integer, or 'same' ((K-1)/2*dilation, odd K only); "
+                            help="an integer (both sides), 'same' ((K-1)/2*dilation, odd K only) or 'causal' "
+                            "(dilation*(K-1) on the left, none on the right: output length L); "
                             "default: (K-1)//2*dilation"),
             ap.add_argument("--dilation", type=cli.int_range(*DILATIONS), default=1,
                             help=f"{DILATIONS[0]} to {DILATIONS[1]} (default 1)"),
             ap.add_argument("--bias", action=argparse.BooleanOptionalAction, default=False),
             ap.add_argument("--dtype", default="fp32", help=f"one of {', '.join(KNOWN_DTYPES)}"),
             ap.add_argument("--layout", default="bcl", help=f"memory order of x and y: {' or '.join(LAYOUTS)} "
-                            "(blc: (B, L, C) in memory, passed as x.transpose(1, 2))")]
+                            "(blc: (B, L, C) in memory, passed as x.transpose(1, 2))"),
+            ap.add_argument("--activation", choices=ACTIVATIONS, default="none",
+                            help="applied to the result inside the kernels: none (default) or silu")]
 
 
 def problem_from_args(a: argparse.Namespace) -> Problem:
@@ -40,9 +43,16 @@ def problem_from_args(a: argparse.Namespace) -> Problem:
     if a.padding == "same" and a.kernel_size % 2 == 0:
         raise ProblemError(f"--padding same needs an odd kernel size (K={a.kernel_size} cannot be centred); "
                            "give --padding N")
-    padding = a.padding if isinstance(a.padding, int) else (a.kernel_size - 1) // 2 * a.dilation
+    right = None  # the same as the left
+    if isinstance(a.padding, int):
+        padding = a.padding
+    elif a.padding == "causal":
+        padding, right = a.dilation * (a.kernel_size - 1), 0
+    else:  # 'same' (odd K), or no --padding
+        padding = (a.kernel_size - 1) // 2 * a.dilation
     return Problem.from_shape(a.shape, kernel_size=a.kernel_size, stride=a.stride, padding=padding,
-                              dilation=a.dilation, dtype=a.dtype, bias=a.bias, layout=a.layout)
+                              padding_right=right, dilation=a.dilation, dtype=a.dtype, bias=a.bias, layout=a.layout,
+                              activation=a.activation)
 
 
 class _LineParser(cli.OneLineParser):

@@ -4,9 +4,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from dwgen.problem import Problem
+from dwgen.problem import Problem, other_activation
 from dwgen.result import Result
 from dwgen.space import Variant
 
@@ -34,8 +34,9 @@ class Launcher:
         self.lib = Library(cand.library, contract.launch_symbol(cand.variant.name))
 
     def prepare(self, q: Problem, x, w, b, y):
-        """One launch on problem q's tensors, through the variant's own launch function: call it to launch."""
-        return self.lib.prepare(x, w, b, y, q.batch, q.channels, q.length, q.out_length, q.padding, 0)
+        """One launch on problem q's tensors, through the variant's own launch function: call it to launch.
+        The left padding is P; the right one is in Lout; q's activation is act."""
+        return self.lib.prepare(x, w, b, y, q.batch, q.channels, q.length, q.out_length, q.padding, q.activation_arg)
 
     def unload(self) -> None:
         self.lib.unload()
@@ -53,14 +54,15 @@ class BwdLauncher:
         self.lib = Library(cand.library, contract.launch_symbol(cand.variant.name), contract.kinds("bwd"))
         self._workspace = contract.workspace_symbol(cand.variant.name)
 
-    def prepare(self, q: Problem, gy, x, w, b, gx, gw, gb, act: int = 0):
-        """One launch on problem q's tensors, with a scratch of its own (not zeroed: the kernels need none)."""
+    def prepare(self, q: Problem, gy, x, w, b, gx, gw, gb):
+        """One launch on problem q's tensors (its left padding, Lout and activation), with a scratch of its own
+        (not zeroed: the kernels need none)."""
         import torch
 
         floats = self.lib.workspace(self._workspace, q.batch, q.channels, q.length, q.out_length, q.padding)
         work = torch.empty(max(1, floats), device=x.device, dtype=torch.float32)
         return self.lib.prepare(gy, x, w, b, gx, gw, gb, work, q.batch, q.channels, q.length, q.out_length,
-                                q.padding, act)
+                                q.padding, q.activation_arg)
 
     def unload(self) -> None:
         self.lib.unload()
@@ -196,12 +198,13 @@ class _Bench(_BenchBase):
 
 class _BwdBench(_BenchBase):
     """Backward variants: check.check_backward (grad_x, grad_weight and grad_bias against float64 autograd,
-    outputs NaN-filled) on the problem and the family's edge problems, without and with SiLU, and
+    outputs NaN-filled) on the problem and the family's edge problems, with the problem's activation and with
+    the other one (one launch function serves both), and
     check.check_backward_stream; then the whole launch is timed beside copy_ of the forward's bytes (the
     ratio the benchmark's backward rows give) and PyTorch's backward (autograd.grad through a retained graph)."""
 
-    SEEDS = (0, 1)  # without SiLU
-    SILU_SEEDS = (2,)  # with it: one seed
+    SEEDS = (0, 1)  # with the problem's activation
+    OTHER_SEEDS = (2,)  # with the other one: one seed
 
     def __init__(self, problem: Problem):
         super().__init__(problem)
@@ -235,12 +238,12 @@ class _BwdBench(_BenchBase):
     def checks(self, launcher: BwdLauncher):
         from dwgen import check
 
-        for q in [self.problem, *launcher.variant.edge_problems()]:
-            for act, seeds in ((0, self.SEEDS), (1, self.SILU_SEEDS)):
-                def run(q_, x, w, b, gy, gx, gw, gb, act=act):
-                    launcher.prepare(q_, gy, x, w, b, gx, gw, gb, act)()
+        def run(q, x, w, b, gy, gx, gw, gb):
+            launcher.prepare(q, gy, x, w, b, gx, gw, gb)()
 
-                yield check.check_backward(q, run, act=act, seeds=seeds)
+        for q in [self.problem, *launcher.variant.edge_problems()]:
+            yield check.check_backward(q, run, seeds=self.SEEDS)
+            yield check.check_backward(replace(q, activation=other_activation(q)), run, seeds=self.OTHER_SEEDS)
 
     def stream_check(self, launcher: BwdLauncher):
         from dwgen import check

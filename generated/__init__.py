@@ -20,8 +20,11 @@ import torch
 
 SCHEMA = 4  # dwgen.freeze.SCHEMA, repeated because this module imports only torch (a test checks they agree)
 _HERE = Path(__file__).resolve().parent
-_KEY_FIELDS = ("batch", "channels", "length", "kernel_size", "stride", "padding", "dilation", "dtype", "bias",
-               "layout")
+# What a tuned entry is looked up by (the C++ tables' tuned_key in this order). Entries written before a
+# problem had padding_right and activation read as symmetric with none (_entry_key).
+_KEY_FIELDS = ("batch", "channels", "length", "kernel_size", "stride", "padding", "padding_right", "dilation",
+               "dtype", "bias", "layout", "activation")
+_ACTIVATION_NAMES = ("none", "silu")  # dwgen.problem.ACTIVATIONS; index = the op's activation argument
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _LAYOUTS = ("bcl", "blc")
 _INT32_LIMIT = 2**31
@@ -109,8 +112,12 @@ def _entry_problem(e) -> str | None:
     lows = {"batch": 1, "channels": 1, "length": 1, "kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1}
     if not all(_is_int(p.get(f), low) for f, low in lows.items()):
         return "a size of its problem is not a positive int"
+    if not _is_int(p.get("padding_right", p["padding"])):
+        return "its problem's right padding is not a non-negative int"
     if p.get("dtype") not in _DTYPES.values() or p.get("layout") not in _LAYOUTS or type(p.get("bias")) is not bool:
         return "its problem's dtype, layout or bias is not one this module knows"
+    if not isinstance(p.get("activation", "none"), str) or p.get("activation", "none") not in _ACTIVATION_NAMES:
+        return "its problem's activation is not one this module knows"
     if e.get("direction", "fwd") not in _DIRECTIONS:  # entries written before they had one are forward ones
         return "its direction is not fwd or bwd"
     machine = e.get("machine")
@@ -118,6 +125,13 @@ def _entry_problem(e) -> str | None:
             machine["capability"]):
         return "it does not say which GPU architecture it was measured on"
     return None
+
+
+def _entry_key(p: dict) -> tuple:
+    """A (checked) entry's problem as the tuned tables key it: padding_right the left padding where the entry
+    does not say, activation "none"."""
+    return tuple(p.get(f, p["padding"] if f == "padding_right" else "none" if f == "activation" else None)
+                 for f in _KEY_FIELDS)
 
 
 def _launcher_table(text: str) -> tuple[dict[int, str], dict[str, str]]:
@@ -185,7 +199,7 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
             foreign.add(e["machine"]["capability"])
             continue
         if why is None:
-            (t.tuned if direction == "fwd" else t.tuned_bwd)[tuple(e["problem"][f] for f in _KEY_FIELDS)] = e["kernel"]
+            (t.tuned if direction == "fwd" else t.tuned_bwd)[_entry_key(e["problem"])] = e["kernel"]
         else:
             t.warnings.append(f"dwgen: a tuned entry of generated/ is not used: {why}; its problem runs the "
                               "generic kernel")
@@ -354,8 +368,9 @@ def _table_rows(t: Tables) -> tuple[list[list[int]], list[list[int]]]:
         for key, name in table.items():
             f = dict(zip(_KEY_FIELDS, key, strict=True))
             tuned.append([direction, f["batch"], f["channels"], f["length"], f["kernel_size"], f["stride"],
-                          f["padding"], f["dilation"], _DTYPE_INDEX[f["dtype"]], int(f["bias"]),
-                          _LAYOUT_INDEX[f["layout"]], *_choice_row(t, name)])
+                          f["padding"], f["padding_right"], f["dilation"], _DTYPE_INDEX[f["dtype"]], int(f["bias"]),
+                          _LAYOUT_INDEX[f["layout"]], _ACTIVATION_NAMES.index(f["activation"]),
+                          *_choice_row(t, name)])
     fast = []
     for direction, table in ((0, t.fast), (1, t.fast_bwd)):
         for key, name in table.items():
@@ -441,10 +456,11 @@ def _validate(x, weight, bias, stride, padding, dilation, activation=None) -> tu
     return left, right, span // stride + 1
 
 
-def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction="fwd") -> str:
+def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction="fwd", activation=None) -> str:
     """Name of the kernel depthwise_conv1d would run for these arguments (its backward, for direction bwd);
-    the same choice as the C++ dispatcher makes."""
-    left, right, out_length = _validate(x, weight, bias, stride, padding, dilation)
+    the same choice as the C++ dispatcher makes. A tuned kernel is chosen only for the problem it was tuned
+    for, paddings (left and right) and activation included."""
+    left, right, out_length = _validate(x, weight, bias, stride, padding, dilation, activation)
     if _BROKEN:
         raise RuntimeError(_BROKEN)
     t = tables(x.device.index)
@@ -453,10 +469,8 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     generic = MANIFEST["generic"]["scalar" if direction == "fwd" else "scalar_bwd"][dtype]["name"]
     if layout is None:
         return generic
-    name = None
-    if left == right:
-        name = (t.tuned if direction == "fwd" else t.tuned_bwd).get(
-            (*x.shape, k, stride, left, dilation, dtype, bias is not None, layout))
+    name = (t.tuned if direction == "fwd" else t.tuned_bwd).get(
+        (*x.shape, k, stride, left, right, dilation, dtype, bias is not None, layout, activation or "none"))
     if name is None and stride == 1 and dilation == 1:
         name = (t.fast if direction == "fwd" else t.fast_bwd).get(f"{dtype}_{layout}_k{k}")
     if name is None or x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:

@@ -440,16 +440,19 @@ struct Choice {
 constexpr int MAX_K = 9;  // the fast generic kernels cover K 1..MAX_K
 struct Tables {
     bool installed = false;
-    std::unordered_map<std::string, Choice> tuned[2];  // [direction] problem key -> kernel
+    std::unordered_map<std::string, Choice> tuned[2];  // [direction] problem key (tuned_key) -> kernel
     Choice fast[2][3][2][MAX_K + 1];                    // [direction][dtype][layout][K]
 };
 constexpr int MAX_DEVICES = 64;
 std::array<Tables, MAX_DEVICES> TABLES;
 std::mutex INSTALL;
 
-std::string tuned_key(int64_t B, int64_t C, int64_t L, int64_t K, int64_t S, int64_t P, int64_t D, int dtype,
-                      bool bias, int layout) {
-    int64_t v[10] = {B, C, L, K, S, P, D, dtype, bias ? 1 : 0, layout};
+// A tuned problem is its sizes, K, stride, left and right padding, dilation, dtype, bias, layout and activation:
+// a call that differs in any of them (a causal call on a symmetric tuning, SiLU on one tuned without) is not
+// that problem and takes the generic kernels.
+std::string tuned_key(int64_t B, int64_t C, int64_t L, int64_t K, int64_t S, int64_t pl, int64_t pr, int64_t D,
+                      int dtype, bool bias, int layout, int64_t act) {
+    int64_t v[12] = {B, C, L, K, S, pl, pr, D, dtype, bias ? 1 : 0, layout, act};
     return std::string(reinterpret_cast<const char*>(v), sizeof(v));
 }
 
@@ -461,21 +464,22 @@ Choice choice_of(const std::vector<int64_t>& row, size_t at) {
 }
 
 // Installed by the Python side after its manifest checks. tuned rows: direction (0 forward, 1 backward), B,
-// C, L, K, S, P, D, dtype, bias, layout, then the choice (index, align, channel multiple, peels); fast rows:
-// direction, dtype, layout, K, then the choice.
+// C, L, K, S, pad_left, pad_right, D, dtype, bias, layout, activation, then the choice (index, align, channel
+// multiple, peels); fast rows: direction, dtype, layout, K, then the choice.
 void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
              const std::vector<std::vector<int64_t>>& fast) {
     DWGEN_CHECK(Error, device >= 0 && device < MAX_DEVICES, "dwgen: device ", device, " is past the ", MAX_DEVICES, " supported");
     const std::lock_guard<std::mutex> lock(INSTALL);
     Tables t;
     for (const auto& r : tuned) {
-        DWGEN_CHECK(Error, r.size() == 15, "dwgen: a tuned table row has ", r.size(), " fields");
+        DWGEN_CHECK(Error, r.size() == 17, "dwgen: a tuned table row has ", r.size(), " fields");
         DWGEN_CHECK(Error, r[0] == 0 || r[0] == 1, "dwgen: a tuned table row has direction ", r[0]);
-        const Choice c = choice_of(r, 11);
+        DWGEN_CHECK(Error, r[12] == 0 || r[12] == 1, "dwgen: a tuned table row has activation ", r[12]);
+        const Choice c = choice_of(r, 13);
         DWGEN_CHECK(Error, (r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: tuned kernel ", c.index,
                     " has the wrong direction");
-        t.tuned[r[0]][tuned_key(r[1], r[2], r[3], r[4], r[5], r[6], r[7], static_cast<int>(r[8]), r[9] != 0,
-                                static_cast<int>(r[10]))] = c;
+        t.tuned[r[0]][tuned_key(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], static_cast<int>(r[9]), r[10] != 0,
+                                static_cast<int>(r[11]), r[12])] = c;
     }
     for (const auto& r : fast) {
         DWGEN_CHECK(Error, r.size() == 8 && r[0] >= 0 && r[0] < 2 && r[1] >= 0 && r[1] < 3 && r[2] >= 0 && r[2] < 2 &&
@@ -553,15 +557,13 @@ const Tables& tables_for(const at::Tensor& x) {
 }
 
 Choice choose_fwd(const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t pl, int64_t pr, int64_t D,
-                  int layout, int64_t Lout) {
+                  int layout, int64_t Lout, int64_t act) {
     if (layout < 0) return Choice{};
     const Tables& t = tables_for(x);
     const int dt = dtype_index(x.scalar_type());
     Choice c;
-    if (pl == pr) {
-        const auto it = t.tuned[0].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, D, dt, bias, layout));
-        if (it != t.tuned[0].end()) c = it->second;
-    }
+    const auto it = t.tuned[0].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, pr, D, dt, bias, layout, act));
+    if (it != t.tuned[0].end()) c = it->second;
     if (c.index < 0 && S == 1 && D == 1 && K <= MAX_K) c = t.fast[0][dt][layout][K];
     return fits(c, x, nullptr, Lout) ? c : Choice{};
 }
@@ -569,15 +571,13 @@ Choice choose_fwd(const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t 
 // The backward of a tuned problem (tune.py --direction bwd) runs its tuned kernel, else stride 1 and dilation
 // 1 run the fused kernel of the dtype, layout and K; grad_out must have x's layout and alignment too.
 Choice choose_bwd(const at::Tensor& gy, const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t pl, int64_t pr,
-                  int64_t D, int layout, int64_t Lout) {
+                  int64_t D, int layout, int64_t Lout, int64_t act) {
     if (layout < 0 || layout_of(gy) != layout) return Choice{};
     const Tables& t = tables_for(x);
     const int dt = dtype_index(x.scalar_type());
     Choice c;
-    if (pl == pr) {
-        const auto it = t.tuned[1].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, D, dt, bias, layout));
-        if (it != t.tuned[1].end()) c = it->second;
-    }
+    const auto it = t.tuned[1].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, pr, D, dt, bias, layout, act));
+    if (it != t.tuned[1].end()) c = it->second;
     if (c.index < 0 && S == 1 && D == 1 && K <= MAX_K) c = t.fast[1][dt][layout][K];
     return fits(c, x, &gy, Lout) ? c : Choice{};
 }
@@ -594,7 +594,7 @@ at::Tensor forward_cuda(const at::Tensor& x, const at::Tensor& w, const std::opt
     const std::optional<at::Tensor> bc = b.has_value() ? std::optional<at::Tensor>(aligned(*b)) : std::nullopt;
     const void* bp = bc.has_value() ? bc->data_ptr() : nullptr;
     void* stream = c10::cuda::getCurrentCUDAStream().stream();
-    const Choice c = choose_fwd(x, K, b.has_value(), S, pl, pr, D, layout, Lout);
+    const Choice c = choose_fwd(x, K, b.has_value(), S, pl, pr, D, layout, Lout, act);
     if (c.index >= 0) {
         check_launch(KERNELS[c.index].fwd(x.data_ptr(), wc.data_ptr(), bp, y.data_ptr(), x.size(0), x.size(1),
                                           x.size(2), Lout, pl, act, stream), "a tuned kernel");
@@ -645,7 +645,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(const at::Tensor& g
     const void* bp = bc.has_value() ? bc->data_ptr() : nullptr;
     void* stream = c10::cuda::getCurrentCUDAStream().stream();
     const auto floats = x.options().dtype(at::kFloat);
-    const Choice c = choose_bwd(gy, x, K, b.has_value(), S, pl, pr, D, layout, Lout);
+    const Choice c = choose_bwd(gy, x, K, b.has_value(), S, pl, pr, D, layout, Lout, act);
     if (c.index >= 0) {
         const Kernel& k = KERNELS[c.index];
         at::Tensor work = at::empty({k.workspace(x.size(0), C, x.size(2), Lout, pl)}, floats);

@@ -22,7 +22,7 @@ def test_training_suite_has_the_issues_rows():
     orders, each timed in every direction."""
     cases = {(c.batch, c.channels, c.length, c.kernel_size, c.dtype, c.layout, c.causal, c.activation)
              for c in read_cases(ROOT / "benchmarks" / "training.txt") if c.directions == DIRECTIONS}
-    assert {(32, 512, 8192, 3, "fp32", "bcl", False, None), (32, 512, 8192, 3, "bf16", "bcl", False, None),
+    assert {(32, 512, 8192, 3, "fp32", "bcl", False, "none"), (32, 512, 8192, 3, "bf16", "bcl", False, "none"),
             (8, 4096, 2048, 4, "bf16", "bcl", True, "silu"), (8, 4096, 2048, 4, "bf16", "blc", True, "silu")} <= cases
 
 
@@ -37,19 +37,22 @@ def test_forward_suites_read_as_plain_cases_of_the_same_problems(stem):
 
 
 def test_causal_case_pads_the_left_only_and_keeps_the_length(tmp_path):
+    """Causal padding and SiLU are the Problem's own fields, spelled as tune.py spells them."""
     suite = tmp_path / "t.txt"
-    suite.write_text("--shape 8x4096x2048 -k 4 --causal --activation silu --dtype bf16 --layout blc --backward\n"
-                     "--shape 2x16x1000 -k 5 --dilation 2 --stride 2 --causal\n")
+    suite.write_text("--shape 8x4096x2048 -k 4 --padding causal --activation silu --dtype bf16 --layout blc "
+                     "--backward\n--shape 2x16x1000 -k 5 --dilation 2 --stride 2 --padding causal\n")
     mamba, strided = read_cases(suite)
-    assert (mamba.padding, mamba.pads, mamba.out_length) == (3, (3, 0), 2048)
+    assert (mamba.padding, mamba.paddings, mamba.out_length, mamba.causal) == (3, (3, 0), 2048, True)
     # bytes of the forward: x read and y written once, B*C*(L + L) elements of 2 bytes
     assert mamba.min_bytes == 8 * 4096 * (2048 + 2048) * 2
-    assert mamba.key == "8x4096x2048_k4_s1_p3_d1_bf16_blc_nobias_causal_silu"
+    assert mamba.key == "8x4096x2048_k4_s1_p3_d1_bf16_blc_nobias_pr0_silu"
+    assert mamba.problem == Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc", padding_right=0,
+                                    activation="silu")
     assert mamba.row_key("fwd+bwd") == mamba.key + "_fwd+bwd"
     assert not mamba.plain and mamba.directions == ("fwd", "bwd", "fwd+bwd")
-    # stride 2, dilation 2: 8 on the left, outputs at 0, 2, ..., 998
-    assert (strided.pads, strided.out_length, strided.directions) == ((8, 0), 500, ("fwd",))
-    assert not strided.plain and strided.row_key("fwd").endswith("_causal_fwd")
+    # stride 2, dilation 2: 8 on the left, outputs at 0, 2, ..., 998; a forward alone: a plain forward row
+    assert (strided.paddings, strided.out_length, strided.directions) == ((8, 0), 500, ("fwd",))
+    assert strided.plain and strided.row_key("fwd") == strided.key == "2x16x1000_k5_s2_p8_d2_fp32_bcl_nobias_pr0"
 
 
 def test_non_causal_training_case_keeps_problems_bytes_and_key_and_names_its_direction(tmp_path):
@@ -63,8 +66,8 @@ def test_non_causal_training_case_keeps_problems_bytes_and_key_and_names_its_dir
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("--shape 2x4x64 -k 4 --causal --padding 3", "t.txt:1: --causal pads dilation*(K-1) on the left: give no "
-                                                 "--padding with it"),
+    ("--shape 2x4x64 -k 4 --causal", "t.txt:1: unrecognized arguments: --causal"),  # one spelling: --padding causal
+    ("--shape 2x4x64 -k 4 --padding left", "t.txt:1: argument --padding: 'left' is neither 'same', 'causal' nor"),
     ("--shape 2x4x64 --activation relu", "t.txt:1: argument --activation: invalid choice: 'relu'"),
     ("--shape 2x4x64 --direction bwd", "t.txt:1: unrecognized arguments: --direction bwd"),
 ])
@@ -76,12 +79,12 @@ def test_bad_case_lines_are_refused_with_their_place(tmp_path, line, message):
     assert str(e.value).startswith(f"{tmp_path}/{message}") and "\n" not in str(e.value)
 
 
-def test_case_refuses_a_causal_padding_that_is_not_the_kernels_span():
-    with pytest.raises(ProblemError, match="pads dilation"):
-        Case(2, 4, 64, 4, padding=1, causal=True)
+def test_case_refuses_what_a_problem_refuses():
+    with pytest.raises(ProblemError, match="backward must be True or False"):
+        Case(2, 4, 64, 4, backward=1)
     with pytest.raises(ProblemError, match="unknown activation"):
         Case(2, 4, 64, 3, activation="gelu")
-    assert Case(2, 4, 64, 4, padding=3, dilation=1, causal=True).out_length == 64
+    assert Case(2, 4, 64, 4, padding=3, padding_right=0).out_length == 64
 
 
 def test_backward_is_the_difference_of_the_same_rounds():
@@ -95,12 +98,12 @@ def test_backward_is_the_difference_of_the_same_rounds():
 
 
 def training_row(direction: str, impl: str, ms: float, **kw) -> dict:
-    case = Case(8, 4096, 2048, 4, padding=3, dtype="bf16", layout="blc", causal=True, activation="silu",
+    case = Case(8, 4096, 2048, 4, padding=3, dtype="bf16", layout="blc", padding_right=0, activation="silu",
                 backward=True)
     return {"problem": case.row_key(direction), "shape": "8x4096x2048", "kernel_size": 4, "stride": 1, "padding": 3,
-            "dilation": 1, "bias": False, "dtype": "bf16", "layout": "blc", "causal": True, "activation": "silu",
-            "backward": True, "direction": direction, "implementation": impl, "ms": ms, "x_copy": ms / 0.07,
-            "correct": True, "timing": "plain", **kw}
+            "padding_right": 0, "dilation": 1, "bias": False, "dtype": "bf16", "layout": "blc", "causal": True,
+            "activation": "silu", "backward": True, "direction": direction, "implementation": impl, "ms": ms,
+            "x_copy": ms / 0.07, "correct": True, "timing": "plain", **kw}
 
 
 def results_with_training_rows() -> dict:
@@ -120,6 +123,10 @@ def test_labels_of_training_rows_name_causal_silu_and_direction():
     forward = json.loads((ROOT / "benchmarks" / "results.json").read_text())["suites"]["suite"][0]
     assert problem_label(forward) == "32x512x8192 fp32 K3 P1"  # forward rows read as before
     assert problem_label({**forward, "direction": "fwd"}) == "32x512x8192 fp32 K3 P1"
+    # rows of this version name both paddings; an asymmetric one that is not causal reads LEFT+RIGHT
+    assert problem_label({**forward, "padding_right": 1, "causal": False, "activation": "none"}) == \
+        "32x512x8192 fp32 K3 P1"
+    assert problem_label({**forward, "padding": 2, "padding_right": 0, "causal": False}) == "32x512x8192 fp32 K3 P2+0"
 
 
 def test_table_of_training_rows():
@@ -152,7 +159,8 @@ def test_chart_of_training_rows_has_a_group_per_direction(tmp_path):
 
 def test_main_times_plain_lines_as_before_and_the_rest_as_training(monkeypatch, tmp_path):
     suite = tmp_path / "s.txt"
-    suite.write_text("--shape 2x4x64\n--shape 2x4x64 -k 4 --causal --activation silu --backward\n")
+    suite.write_text("--shape 2x4x64\n--shape 2x4x64 -k 4 --padding causal --activation silu --backward\n"
+                     "--shape 2x4x64 -k 4 --padding causal --activation silu\n")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(worker, "machine_info", lambda: {"gpu": "x", "driver": "x", "torch": "x", "cuda": "x",
                                                          "date": "x"})
@@ -168,8 +176,10 @@ def test_main_times_plain_lines_as_before_and_the_rest_as_training(monkeypatch, 
     monkeypatch.setattr(training, "measure", fake("training"))
     monkeypatch.setattr(bench_main, "markdown", lambda results: "")
     assert bench_main.main(["--suite", str(suite), "--out", str(tmp_path), "--only", "pytorch,dwgen"]) == 0
+    # a causal SiLU line without --backward is a forward problem like any other
     assert seen == [("forward", "Problem", "2x4x64_k3_s1_p1_d1_fp32_bcl_nobias", ("pytorch", "dwgen")),
-                    ("training", "Case", "2x4x64_k4_s1_p3_d1_fp32_bcl_nobias_causal_silu", ("pytorch", "dwgen"))]
+                    ("training", "Case", "2x4x64_k4_s1_p3_d1_fp32_bcl_nobias_pr0_silu", ("pytorch", "dwgen")),
+                    ("forward", "Problem", "2x4x64_k4_s1_p3_d1_fp32_bcl_nobias_pr0_silu", ("pytorch", "dwgen"))]
 
 
 def test_training_measure_assembles_rows_of_every_direction(monkeypatch):
@@ -177,7 +187,7 @@ def test_training_measure_assembles_rows_of_every_direction(monkeypatch):
     to copy_, speedups, host µs, and a contender whose result is off by 1% marked wrong."""
     from dwgen.bench import contenders
 
-    case = Case(2, 8, 64, 4, padding=3, layout="blc", bias=True, causal=True, activation="silu", backward=True)
+    case = Case(2, 8, 64, 4, padding=3, layout="blc", bias=True, padding_right=0, activation="silu", backward=True)
     ms = {"copy_": 1.0, "pytorch|fwd": 10.0, "pytorch|fwd+bwd": 30.0, "torch.compile|fwd": 9.0,
           "torch.compile|fwd+bwd": 27.0, "dwgen|fwd": 1.1, "dwgen|fwd+bwd": 3.6}
 
@@ -200,7 +210,7 @@ def test_training_measure_assembles_rows_of_every_direction(monkeypatch):
     assert len(rows) == len(got) == 12 and {d for d, _ in got} == set(DIRECTIONS)
     assert {impl for _, impl in got} == {"copy_", "pytorch", "torch.compile", "dwgen"}
     assert all(r["problem"] == case.row_key(r["direction"]) and r["causal"] and r["activation"] == "silu"
-               for r in rows)
+               and (r["padding"], r["padding_right"]) == (3, 0) for r in rows)
     bwd = got["bwd", "dwgen"]
     assert bwd["ms"] == pytest.approx(2.5) and bwd["x_copy"] == pytest.approx(2.5)
     assert bwd["speedup_vs_torch"] == pytest.approx(20.0 / 2.5) and bwd["host_us"] == pytest.approx(0.0)

@@ -31,7 +31,7 @@ def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
     # place or a ratio taken the wrong way round shows.
     assert e["problem"] == {"batch": 32, "channels": 512, "length": 8192, "kernel_size": 3, "stride": 1,
                             "padding": 1, "dilation": 1, "dtype": "fp32", "bias": False,
-                            "layout": "bcl"}
+                            "layout": "bcl", "padding_right": 1, "activation": "none"}
     assert e["key"] == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias"
     assert e["kernel"] == "dw1d_f32_k3_t256_v4_o1_l1_cs" and e["digest"] == w.variant.digest
     assert e["config"]["threads"] == 256 and e["config"]["halo"] == "l1" and e["config"]["stream"] is True
@@ -141,17 +141,18 @@ def test_frozen_launcher_builds_for_every_walk(tmp_path):
     ws = [winner(Problem(32, 512, 1024, 31, 1, 15), Config(threads=64, vec=4, outs=2, walk="persistent", halo="async")),
           winner(Problem(4, 64, 1000), Config(threads=128, vec=4, outs=1, walk="row", halo="smem")),
           winner(Problem(4, 64, 4096), Config(threads=128, vec=2, outs=2, halo="shfl")),
+          winner(Problem(4, 64, 4096, 4, 1, 3, padding_right=0, activation="silu"), Config(threads=128, vec=4)),
           bwd_winner(Problem(4, 64, 4096), bwd.Config(threads=128, outs=4))]
     freeze.freeze(ws, tmp_path / "frozen_walks", log=lambda s: None)
     env = dict(os.environ, DWGEN_BUILD_DIR=str(tmp_path / "build"))
     (tmp_path / "build").mkdir()
     code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import frozen_walks as f; ext = f.build(); "
             "tuned, fast = f._table_rows(f._trusted(f.MANIFEST, f._HERE, None)); "
-            "assert sorted(r[0] for r in tuned) == [0, 0, 0, 1], tuned; ext.install(0, tuned, fast); "
-            "bad = [[1 - r[0], *r[1:]] for r in tuned]\n"
-            "for rows in ([bad[0]], [bad[-1]], [[r[0], *r[2:]] for r in tuned]):\n"
+            "assert sorted(r[0] for r in tuned) == [0, 0, 0, 0, 1], tuned; ext.install(0, tuned, fast); "
+            "bad = [[1 - r[0], *r[1:]] for r in tuned]; act2 = [[*r[:12], 2, *r[13:]] for r in tuned]\n"
+            "for rows in ([bad[0]], [bad[-1]], [[r[0], *r[2:]] for r in tuned], act2):\n"
             "    try: ext.install(0, rows, fast)\n"
-            "    except RuntimeError as e: assert 'direction' in str(e) or 'fields' in str(e), e\n"
+            "    except RuntimeError as e: assert any(w in str(e) for w in ('direction', 'fields', 'activation')), e\n"
             "    else: raise SystemExit(f'install took {rows}')\n"
             "print('built')")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -194,7 +195,7 @@ def test_freeze_writes_a_backward_entry_beside_the_forwards(tmp_path):
     assert "dw1d_bwd_f32_k3_t128_o4" not in {k["name"] for k in m["kernels"]}  # collected
     mod = load_frozen(tmp_path, "frozen_bwd_entry")
     t = mod._trusted(mod.MANIFEST, tmp_path, "9.0")
-    key = (32, 512, 8192, 3, 1, 1, 1, "fp32", False, "bcl")
+    key = (32, 512, 8192, 3, 1, 1, 1, 1, "fp32", False, "bcl", "none")  # ..., pad_left, pad_right, D, ..., activation
     assert t.tuned == {key: "dw1d_f32_k3_t256_v4_o1_l1_cs"} and t.tuned_bwd == {key: "dw1d_bwd_f32_k3_t256_o8"}
 
 
@@ -237,3 +238,86 @@ def test_entries_written_without_a_direction_are_forward_ones(tmp_path):
     # the next freeze writes the field on the entries it carries over, their digests untouched
     again = freeze.freeze([], tmp_path, log=lambda s: None)
     assert [(e["direction"], e["digest"]) for e in again["entries"]] == [("fwd", m["entries"][0]["digest"])]
+
+
+CAUSAL_SILU = Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", padding_right=0, activation="silu")
+
+
+def test_a_causal_silu_winner_is_frozen_under_its_own_key_and_dispatched_only_as_itself(tmp_path):
+    """The manifest carries the right padding and the activation; the tuned tables key by them, so the same
+    sizes tuned symmetric without activation are another entry, and each table row says which it is."""
+    from dwgen import frozen_dispatch
+    from dwgen.families import bwd
+
+    plain = Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16")
+    ws = [winner(CAUSAL_SILU, Config(threads=128, vec=8, outs=2, halo="l1")),
+          winner(plain, Config(threads=256, vec=8, outs=1, halo="l1")),
+          bwd_winner(CAUSAL_SILU, bwd.Config(threads=256, outs=8))]
+    m = freeze.freeze(ws, tmp_path, log=lambda s: None)
+    assert freeze.stale_entries(tmp_path) == []
+    by_key = {(e["key"], e["direction"]): e for e in m["entries"]}
+    assert set(by_key) == {(CAUSAL_SILU.key, "fwd"), (CAUSAL_SILU.key, "bwd"), (plain.key, "fwd")}
+    e = by_key[CAUSAL_SILU.key, "fwd"]
+    assert (e["problem"]["padding"], e["problem"]["padding_right"], e["problem"]["activation"]) == (3, 0, "silu")
+    assert freeze.entry_variant(e).problem == CAUSAL_SILU  # the manifest round-trips the problem
+    frozen_dispatch.check_manifest(m)
+    t = frozen_dispatch._trusted(m, tmp_path, "9.0")
+    assert t.warnings == [] and len(t.tuned) == 2 and len(t.tuned_bwd) == 1
+    tuned, _ = frozen_dispatch._table_rows(t)
+    # direction, B, C, L, K, S, pad_left, pad_right, D, dtype (bf16 2), bias, layout, activation, then the choice
+    heads = sorted(r[:13] for r in tuned)
+    assert heads == [[0, 8, 4096, 2048, 4, 1, 3, 0, 1, 2, 0, 0, 1], [0, 8, 4096, 2048, 4, 1, 3, 3, 1, 2, 0, 0, 0],
+                     [1, 8, 4096, 2048, 4, 1, 3, 0, 1, 2, 0, 0, 1]]
+    kernel = {(r[7], r[12]): m["kernels"][r[13]]["name"] for r in tuned if r[0] == 0}  # by (pad_right, activation)
+    assert kernel == {(0, 1): ws[0].variant.name, (3, 0): ws[1].variant.name}
+
+
+def test_entries_without_padding_right_or_activation_read_as_symmetric_without(tmp_path):
+    """Manifests written before the fields existed stay valid: their entries key as symmetric, no activation."""
+    from dwgen import frozen_dispatch
+
+    freeze.freeze([winner(Problem(32, 512, 8192), Config())], tmp_path, log=lambda s: None)
+    path = tmp_path / "manifest.json"
+    m = json.loads(path.read_text())
+    for e in m["entries"]:
+        del e["problem"]["padding_right"], e["problem"]["activation"]
+    path.write_text(json.dumps(m))
+    assert freeze.stale_entries(tmp_path) == []
+    (e,) = m["entries"]
+    assert freeze.entry_variant(e).problem == Problem(32, 512, 8192)
+    t = frozen_dispatch._trusted(m, tmp_path, "9.0")
+    assert t.warnings == [] and list(t.tuned) == [(32, 512, 8192, 3, 1, 1, 1, 1, "fp32", False, "bcl", "none")]
+    assert frozen_dispatch._table_rows(t)[0][0][:13] == [0, 32, 512, 8192, 3, 1, 1, 1, 1, 0, 0, 0, 0]
+    # and a later freeze carries the entry over as it is
+    m2 = freeze.freeze([], tmp_path, log=lambda s: None)
+    assert m2["entries"] == m["entries"]
+
+
+@pytest.mark.parametrize("field, value", [("padding_right", -1), ("padding_right", "0"), ("padding_right", None),
+                                          ("activation", "relu"), ("activation", None), ("activation", 1)])
+def test_an_entry_with_a_bad_padding_right_or_activation_is_refused(tmp_path, field, value):
+    from dwgen import frozen_dispatch
+
+    m = freeze.freeze([winner(CAUSAL_SILU, Config(threads=128, vec=8, outs=2, halo="l1"))], tmp_path,
+                      log=lambda s: None)
+    m["entries"][0]["problem"][field] = value
+    t = frozen_dispatch._trusted(m, tmp_path, "9.0")
+    assert t.tuned == {} and len(t.warnings) == 1 and "tuned entry" in t.warnings[0]
+    assert ("right padding" if field == "padding_right" else "activation") in t.warnings[0]
+
+
+def test_the_launcher_keys_tuned_rows_by_both_paddings_and_the_activation():
+    """The C++ tuned table (checked in its rendered text: no compiler needed) matches a call's pad_left,
+    pad_right and activation, never a symmetric tuning for an asymmetric call or one without SiLU for SiLU."""
+    m = freeze.read_manifest(freeze.DEFAULT_DIR)  # the committed one, fresh (tests/test_generated.py)
+    text = (freeze.DEFAULT_DIR / m["launcher"]).read_text()
+    assert "int64_t v[12] = {B, C, L, K, S, pl, pr, D, dtype, bias ? 1 : 0, layout, act};" in text
+    assert "r.size() == 17" in text and "choice_of(r, 13)" in text
+    assert "r[5], r[6], r[7], r[8], static_cast<int>(r[9]), r[10] != 0,\n" in text
+    assert "static_cast<int>(r[11]), r[12])] = c;" in text
+    for direction in (0, 1):
+        lookup = (f"t.tuned[{direction}].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, pr, D, dt, bias, "
+                  "layout, act))")
+        assert lookup in text
+    assert "pl == pr" not in text
+    assert text.count("Lout, act);") == 2  # both choose_fwd and choose_bwd are asked with the activation

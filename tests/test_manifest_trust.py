@@ -56,7 +56,7 @@ def tuned_entry(m: dict) -> dict:
 
 
 def key(e: dict) -> tuple:
-    return tuple(e["problem"][f] for f in frozen_dispatch._KEY_FIELDS)
+    return frozen_dispatch._entry_key(e["problem"])
 
 
 def test_schema_is_the_freezes():
@@ -233,11 +233,12 @@ def test_backward_entries_fill_the_tuned_bwd_table(here):
     assert t.tuned_bwd == {key(e): e["kernel"]} and t.warnings == []
     assert key(e) in t.tuned and t.tuned[key(e)] != e["kernel"]  # the forward's entry of the same problem stays
     tuned_rows, fast_rows = frozen_dispatch._table_rows(t)
-    assert all(len(r) == 15 and r[0] in (0, 1) for r in tuned_rows)
+    assert all(len(r) == 17 and r[0] in (0, 1) for r in tuned_rows)
     assert sum(r[0] == 0 for r in tuned_rows) == len(t.tuned) and sum(r[0] == 1 for r in tuned_rows) == 1
     index, k = t.kernels[e["kernel"]]
-    # direction 1, B, C, L, K, S, P, D, dtype fp32 (0), no bias, layout bcl (0), then the kernel's choice
-    assert [r for r in tuned_rows if r[0] == 1] == [[1, 32, 512, 8192, 3, 1, 1, 1, 0, 0, 0, index,
+    # direction 1, B, C, L, K, S, pad_left 1, pad_right 1 (an entry without padding_right is symmetric), D,
+    # dtype fp32 (0), no bias, layout bcl (0), activation none (0), then the kernel's choice
+    assert [r for r in tuned_rows if r[0] == 1] == [[1, 32, 512, 8192, 3, 1, 1, 1, 1, 0, 0, 0, 0, index,
                                                      k["align_bytes"], k["channel_multiple"], 0]]
     assert all(len(r) == 8 for r in fast_rows)
 

@@ -88,3 +88,31 @@ def test_problem_of_reads_layout_and_tuple_arguments():
     x = torch.randn(2, 32, 8).transpose(1, 2)  # (B, L, C) viewed as (B, C, L)
     p = problem_of(x, torch.randn(8, 1, 5), torch.zeros(8), (1,), (2,), (1,), groups=8)
     assert p == Problem(2, 8, 32, kernel_size=5, padding=2, bias=True, layout="blc")
+
+
+def test_causal_silu_calls_are_recorded_as_tunable_problems(tmp_path):
+    """Mamba's conv as the frozen module runs it: causal padding and SiLU become the problem's own fields,
+    and the suite line tunes exactly that problem."""
+    from generated import depthwise_conv1d
+
+    h = torch.randn(2, 32, 8, dtype=torch.bfloat16)  # (B, L, C)
+    w = torch.randn(8, 1, 4, dtype=torch.bfloat16)
+    with dwgen.record(tmp_path / "s") as rec:
+        for activation in ("silu", None):
+            with pytest.raises(ValueError, match="CUDA"):
+                depthwise_conv1d(h.transpose(1, 2), w, None, 1, "causal", 1, activation)
+    causal = Problem(2, 8, 32, kernel_size=4, padding=3, padding_right=0, dtype="bf16", layout="blc")
+    silu = Problem(2, 8, 32, kernel_size=4, padding=3, padding_right=0, dtype="bf16", layout="blc",
+                   activation="silu")
+    assert dict(rec.calls) == {silu: 1, causal: 1}
+    text = (tmp_path / "s").read_text()
+    assert "--padding causal" in text and "--activation silu" in text
+    assert read_suite(tmp_path / "s") == [silu, causal]
+
+
+def test_problem_of_reads_causal_padding_and_refuses_other_activations():
+    x = torch.randn(1, 4, 20)
+    p = problem_of(x, torch.randn(4, 1, 3), None, 1, "causal", 2, activation="silu")
+    assert p == Problem(1, 4, 20, kernel_size=3, padding=4, padding_right=0, dilation=2, activation="silu")
+    assert problem_of(x, torch.randn(4, 1, 3), None, 1, 1, 1, activation="gelu") == \
+        "activation 'gelu': dwgen fuses none or 'silu'"

@@ -25,8 +25,12 @@ def test_without_gpu_one_line_and_nonzero(tmp_path):
 
 def test_suite_files_parse(tmp_path):
     problems = read_suite(ROOT / "benchmarks" / "suite.txt")
-    assert len(problems) == 11 and problems[0].key == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias"
+    assert len(problems) == 13 and problems[0].key == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias"
     assert problems[5].stride == 2
+    # Mamba's conv, causal with SiLU, in both memory orders
+    assert [p.key for p in problems[-2:]] == ["8x4096x2048_k4_s1_p3_d1_bf16_bcl_nobias_pr0_silu",
+                                              "8x4096x2048_k4_s1_p3_d1_bf16_blc_nobias_pr0_silu"]
+    assert all(p.causal and p.activation == "silu" and p.out_length == 2048 for p in problems[-2:])
     bad = tmp_path / "bad.txt"
     bad.write_text("--shape 2x2x64\n--shape 2x2 # broken\n")
     with pytest.raises(Exception, match=r"bad.txt:2: malformed shape"):
@@ -84,3 +88,42 @@ def test_a_suite_of_strided_problems_only_has_no_backward_to_tune(tmp_path):
     assert out.returncode == 2 and out.stderr.splitlines() == [
         f"tune.py: the fused backward is stride 1 only; other strides use the generic backward: no problem of "
         f"{suite} has a fused backward to tune"]
+
+
+@pytest.mark.parametrize("args, paddings, activation", [
+    ([], (1, 1), "none"),
+    (["--padding", "2"], (2, 2), "none"),
+    (["--padding", "same"], (1, 1), "none"),
+    (["--padding", "causal"], (2, 0), "none"),
+    (["--padding", "causal", "--dilation", "3", "--activation", "silu"], (6, 0), "silu"),
+    (["--padding", "causal", "-k", "1"], (0, 0), "none"),
+    (["--activation", "none"], (1, 1), "none"),
+])
+def test_padding_and_activation_flags_make_the_problem(args, paddings, activation):
+    from dwgen.suite import problem_from_args
+    from search.cli import parse_args
+
+    p = problem_from_args(parse_args(["--shape", "2x4x64", *args]))
+    assert (p.paddings, p.activation) == (paddings, activation)
+
+
+def test_a_causal_silu_problem_reads_the_same_from_the_command_line_a_suite_and_a_recording(tmp_path):
+    from dwgen.problem import Problem
+    from dwgen.recording import suite_line
+    from dwgen.suite import problem_from_args
+    from search.cli import parse_args
+
+    line = "--shape 8x4096x2048 --kernel-size 4 --padding causal --activation silu --dtype bf16 --layout blc"
+    p = problem_from_args(parse_args(line.split()))
+    assert p == Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc", padding_right=0, activation="silu")
+    suite = tmp_path / "s.txt"
+    suite.write_text(f"{line}\n{suite_line(p)}\n")
+    assert read_suite(suite) == [p, p]
+
+
+def test_activation_beside_a_suite_is_refused(tmp_path):
+    suite = tmp_path / "s.txt"
+    suite.write_text("--shape 2x4x64\n")
+    out = run("--suite", str(suite), "--activation", "silu", "--runs-dir", str(tmp_path))
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "tune.py: --activation does nothing with --suite: write it on the suite file's lines"]

@@ -186,10 +186,23 @@ def copy_operands(p: Problem):
     return lambda: dst.copy_(src)
 
 
-def torch_operands(p: Problem, x, w, b):
+def torch_forward(p: Problem, x, w, b):
+    """The problem as PyTorch users write it: F.conv1d with its padding; a causal (or other right-short)
+    padding at stride 1 as Mamba writes it, F.conv1d padded by the left padding on both sides and the first
+    Lout outputs kept; any other asymmetric padding through F.pad; then SiLU where the problem has it."""
     import torch.nn.functional as F
 
-    return lambda: F.conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.channels)
+    if p.symmetric:
+        y = F.conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.channels)
+    elif p.stride == 1 and p.padding_right < p.padding:
+        y = F.conv1d(x, w, b, padding=p.padding, dilation=p.dilation, groups=p.channels)[..., :p.out_length]
+    else:
+        y = F.conv1d(F.pad(x, p.paddings), w, b, stride=p.stride, dilation=p.dilation, groups=p.channels)
+    return F.silu(y) if p.activation == "silu" else y
+
+
+def torch_operands(p: Problem, x, w, b):
+    return lambda: torch_forward(p, x, w, b)
 
 
 def torch_backward_operands(p: Problem, x, w, b, gy):
@@ -197,10 +210,8 @@ def torch_backward_operands(p: Problem, x, w, b, gy):
     graph, recorded once and retained, so the time holds the backward's kernels and none of the forward's
     (the benchmark's training rows take fwd+bwd less fwd instead; this is one measurement, not a difference)."""
     import torch
-    import torch.nn.functional as F
 
     leaves = [t.detach().requires_grad_() for t in (x, w, b) if t is not None]
     with torch.enable_grad():
-        y = F.conv1d(leaves[0], leaves[1], leaves[2] if b is not None else None, stride=p.stride, padding=p.padding,
-                     dilation=p.dilation, groups=p.channels)
+        y = torch_forward(p, leaves[0], leaves[1], leaves[2] if b is not None else None)
     return lambda: torch.autograd.grad(y, leaves, gy, retain_graph=True)

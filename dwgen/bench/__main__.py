@@ -5,8 +5,9 @@ eager, torch.compile, a simple Triton kernel, a naive CUDA kernel and generated.
 checked against the float64 reference, then all timed interleaved. Problems whose data fit in L2 are
 timed as CUDA-graph replays of one call, so that their few microseconds of GPU time are not hidden
 behind the host's; the host time of a plain call is measured apart and reported beside it.
-Suite lines may also ask for causal padding, a fused SiLU and the backward (dwgen/bench/cases.py): those
-are timed by dwgen/bench/training.py, in rows with a direction (fwd, bwd, fwd+bwd).
+Suite lines may ask for causal padding and a fused SiLU as tune.py's do (--padding causal, --activation
+silu), and for the backward (--backward, dwgen/bench/cases.py): those lines are timed by
+dwgen/bench/training.py, in rows with a direction (fwd, bwd, fwd+bwd).
 Writes results.json, results.md and results.png (the bar chart of dwgen/bench/plot.py).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dwgen import bench, check, cli
 from dwgen.bench import training
 from dwgen.bench.cases import read_cases
 from dwgen.bench.contenders import CONTENDERS, TRAINING
-from dwgen.bench.labels import problem_label
+from dwgen.bench.labels import problem_fields, problem_label
 from dwgen.problem import Problem, ProblemError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def measure(p: Problem, names: list[str]) -> list[dict]:
         if name == "dwgen":
             import generated
 
-            row["kernel"] = generated.kernel_for(x, w, b, p.stride, p.padding, p.dilation)
+            row["kernel"] = generated.kernel_for(x, w, b, **p.call_kwargs)
         rows[name] = row
     times, rounds = bench.time_rounds(fns, flush=bench.needs_flush(p))
     copy_ms = times["copy_"].median_ms
@@ -67,9 +68,7 @@ def measure(p: Problem, names: list[str]) -> list[dict]:
             row.update(ms=ms, x_copy=ms / copy_ms, x_copy_p10=lo, x_copy_p90=hi,
                        speedup_vs_torch=torch_ms / ms if torch_ms else None, rounds=rounds)
         out.append(row)
-    base = {"problem": p.key, "shape": f"{p.batch}x{p.channels}x{p.length}", "kernel_size": p.kernel_size,
-            "stride": p.stride, "padding": p.padding, "dilation": p.dilation, "bias": p.bias, "dtype": p.dtype,
-            "layout": p.layout, "direction": "fwd"}
+    base = {"problem": p.key, **problem_fields(p), "direction": "fwd"}
     del x, ref, scale
     return [{**base, **r} for r in out]
 
@@ -98,9 +97,9 @@ def markdown(results: dict) -> str:
                      "fwd+bwd (the forward, then the gradients of x, weight and bias) and bwd (fwd+bwd less fwd, "
                      "round by round; its host µs likewise), each as a multiple of copy_ of the forward's bytes.")
     for suite, rows in results["suites"].items():
-        # The simple Triton and naive CUDA kernels have no backward, causal padding or SiLU: a suite whose
-        # every row needs one of those has no column for them.
-        beyond = all(r.get("backward") or r.get("causal") or r.get("activation") for r in rows)
+        # The simple Triton and naive CUDA kernels have no backward and no SiLU: a suite whose every row
+        # needs one of those has no column for them.
+        beyond = all(r.get("backward") or r.get("activation") == "silu" for r in rows)
         names = ["copy_"] + [n for n in CONTENDERS if not beyond or n in TRAINING]
         header = " | ".join(["problem", *names, "dwgen kernel", "dwgen vs PyTorch", "host µs: PyTorch / dwgen"])
         lines += [f"**{suite}**", "", f"| {header} |",

@@ -13,19 +13,25 @@ TrainingFactory = Callable[[Case], Callable[[object, object, object], object]]
 
 
 def eager(p: Problem, x, w, b):
-    import torch.nn.functional as F
+    from dwgen import bench
 
-    return lambda: F.conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.channels)
+    return bench.torch_operands(p, x, w, b)
 
 
 def compiled(p: Problem, x, w, b):
     import torch
-    import torch.nn.functional as F
+
+    from dwgen import bench
 
     torch._dynamo.reset()  # a fresh compile per problem: one function across 12 shapes hits the recompile limit
-    fn = torch.compile(lambda x, w, b: F.conv1d(x, w, b, stride=p.stride, padding=p.padding,
-                                                dilation=p.dilation, groups=p.channels), dynamic=False)
+    fn = torch.compile(lambda x, w, b: bench.torch_forward(p, x, w, b), dynamic=False)
     return lambda: fn(x, w, b)
+
+
+def _no_activation(p: Problem) -> None:
+    """The simple contenders compute the convolution alone (any padding: P on the left, the rest in Lout)."""
+    if p.activation != "none":
+        raise NotImplementedError(f"computes no {p.activation}")
 
 
 def triton_simple(p: Problem, x, w, b):
@@ -51,6 +57,7 @@ def triton_simple(p: Problem, x, w, b):
 
     if p.layout != "bcl":
         raise NotImplementedError("reads (B, C, L) rows only")
+    _no_activation(p)
     block = 1024
     grid = (p.rows, triton.cdiv(p.out_length, block))
 
@@ -93,6 +100,7 @@ def naive_cuda(p: Problem, x, w, b):
 
     if p.layout != "bcl":
         raise NotImplementedError("reads (B, C, L) rows only")
+    _no_activation(p)
     lib = _naive_library(p.dtype)
 
     def run():
@@ -107,7 +115,8 @@ def naive_cuda(p: Problem, x, w, b):
 def dwgen_frozen(p: Problem, x, w, b):
     import generated
 
-    return lambda: generated.depthwise_conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation)
+    kwargs = p.call_kwargs
+    return lambda: generated.depthwise_conv1d(x, w, b, **kwargs)
 
 
 CONTENDERS: dict[str, Factory] = {
@@ -120,14 +129,11 @@ CONTENDERS: dict[str, Factory] = {
 
 
 def case_forward(case: Case, x, w, b):
-    """A case as PyTorch users write it: conv1d; when causal, padding K-1 on both sides and then the first
-    Lout outputs (as Mamba does); SiLU where named. Also the float64 reference of the training rows."""
-    import torch.nn.functional as F
+    """A case as PyTorch users write it (bench.torch_forward: when causal, padding K-1 on both sides and then
+    the first Lout outputs, as Mamba does; SiLU where named). Also the float64 reference of the training rows."""
+    from dwgen import bench
 
-    y = F.conv1d(x, w, b, stride=case.stride, padding=case.padding, dilation=case.dilation, groups=case.channels)
-    if case.causal:
-        y = y[..., :case.out_length]
-    return F.silu(y) if case.activation == "silu" else y
+    return bench.torch_forward(case, x, w, b)
 
 
 def eager_training(case: Case):
@@ -144,9 +150,8 @@ def compiled_training(case: Case):
 def dwgen_training(case: Case):
     import generated
 
-    padding = "causal" if case.causal else case.padding
-    return lambda x, w, b: generated.depthwise_conv1d(x, w, b, stride=case.stride, padding=padding,
-                                                      dilation=case.dilation, activation=case.activation)
+    kwargs = case.call_kwargs
+    return lambda x, w, b: generated.depthwise_conv1d(x, w, b, **kwargs)
 
 
 # The contenders with a backward (the simple Triton and naive CUDA kernels have none).

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dwgen import bench, check
 from dwgen.bench.cases import Case
 from dwgen.bench.contenders import TRAINING, case_forward
+from dwgen.bench.labels import problem_fields
 
 # Largest |error| over the largest |float64| of each of y, grad_x, grad_weight, grad_bias. fp32: a few
 # roundings of the largest partial sums (1e-6 or less); 1e-4 fails any wrong tap or term. 16-bit: four units
@@ -116,10 +117,7 @@ def measure(case: Case, names: list[str], device: str = "cuda") -> list[dict]:
     copy_t = times["copy_"]
     out = []
     for d in case.directions:
-        base = {"problem": case.row_key(d), "shape": f"{case.batch}x{case.channels}x{case.length}",
-                "kernel_size": case.kernel_size, "stride": case.stride, "padding": case.padding,
-                "dilation": case.dilation, "bias": case.bias, "dtype": case.dtype, "layout": case.layout,
-                "causal": case.causal, "activation": case.activation, "backward": case.backward, "direction": d}
+        base = {"problem": case.row_key(d), **problem_fields(case), "backward": case.backward, "direction": d}
         out.append({**base, **copy_row, "ms": copy_t.median_ms, "x_copy": 1.0, "rounds": rounds})
         torch_t = times.get(f"pytorch|{d}")
         for name in contenders:
@@ -140,7 +138,6 @@ def _kernel(case: Case, x, w, b, direction: str = "fwd") -> str:
 
     try:
         with torch.no_grad():
-            return generated.kernel_for(x, w, b, case.stride, "causal" if case.causal else case.padding,
-                                        case.dilation, direction=direction)
+            return generated.kernel_for(x, w, b, **case.call_kwargs, direction=direction)
     except (TypeError, ValueError, RuntimeError):  # kernel_for's arguments are not part of the op's contract
         return ""

@@ -6,6 +6,7 @@ import random
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -46,14 +47,14 @@ def frozen_check(p: Problem, shift: bool = False, seed: int = 0):
     x, w, b = check.make_inputs(p, seed)
     if shift:
         x = misaligned(x)
-    y = generated.depthwise_conv1d(x, w, b, stride=p.stride, padding=p.padding, dilation=p.dilation)
+    y = generated.depthwise_conv1d(x, w, b, **p.call_kwargs)
     torch.cuda.synchronize()
     ref, scale = check.reference(p, x, w, b)
     outcome = check.compare(p, y, ref, scale)
     assert outcome.ok, outcome.message
     # the result keeps x's memory order: no hidden transpose on either side
     assert y.transpose(1, 2).is_contiguous() if effective_layout(p) == "blc" else y.is_contiguous()
-    return generated.kernel_for(x, w, b, p.stride, p.padding, p.dilation)
+    return generated.kernel_for(x, w, b, **p.call_kwargs)
 
 
 def effective_layout(p: Problem) -> str:
@@ -80,11 +81,11 @@ def frozen_check_backward(p: Problem) -> str:
 
     generated.build()
     op = torch.ops.dwgen.depthwise_conv1d_backward.default
-    for act in (0, 1):
-        outcome = check.check_backward(p, check.through_backward_op(op, act), act=act)
+    for activation in ("none", "silu"):
+        outcome = check.check_backward(replace(p, activation=activation), check.through_backward_op(op))
         assert outcome.ok, outcome.message
     x, w, b = check.make_inputs(p, 0)
-    return generated.kernel_for(x, w, b, p.stride, p.padding, p.dilation, direction="bwd")
+    return generated.kernel_for(x, w, b, **p.call_kwargs, direction="bwd")
 
 
 def test_tuned_problems_run_their_tuned_kernel():
@@ -195,7 +196,7 @@ def test_memcheck_finds_no_errors(tmp_path):
             "ps = [Problem(**e['problem']) for e in m['entries']] + random_problems(40, seed=99)\n"
             "for p in ps:\n"
             "    x, w, b = check.make_inputs(p, 0)\n"
-            "    generated.depthwise_conv1d(x, w, b, p.stride, p.padding, p.dilation)\n"
+            "    generated.depthwise_conv1d(x, w, b, **p.call_kwargs)\n"
             "torch.cuda.synchronize()\n"
             "print('ran', len(ps))\n")
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")

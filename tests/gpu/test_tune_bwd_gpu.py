@@ -21,7 +21,7 @@ P = Problem(4, 64, 4096, 5, 1, 2)
 
 # Run where no other frozen module has registered the dwgen ops: a process of its own.
 CHECK = """
-import json, sys
+import dataclasses, json, sys
 import torch
 sys.path.insert(0, sys.argv[1])
 import generated
@@ -30,12 +30,13 @@ from dwgen.problem import Problem
 
 p = Problem(**json.loads(sys.argv[2]))
 x, w, b = check.make_inputs(p, 0)
-chosen = {d: generated.kernel_for(x, w, b, p.stride, p.padding, p.dilation, direction=d) for d in ("fwd", "bwd")}
+chosen = {d: generated.kernel_for(x, w, b, **p.call_kwargs, direction=d) for d in ("fwd", "bwd")}
 generated.build()
 op = torch.ops.dwgen.depthwise_conv1d_backward.default
 outcomes = []
-for act in (0, 1):
-    outcomes.append(check.check_backward(p, check.through_backward_op(op, act), act=act).message)
+for activation in ("none", "silu"):
+    q = dataclasses.replace(p, activation=activation)
+    outcomes.append(check.check_backward(q, check.through_backward_op(op)).message)
 print(json.dumps({"chosen": chosen, "failures": [m for m in outcomes if m]}))
 """
 
