@@ -7,7 +7,7 @@ import jinja2
 
 from dwgen import contract
 from dwgen.dtypes import DTYPES, DType
-from dwgen.space import ANY_TEMPLATE, NVCC_FLAGS, TEMPLATE_DIR, Variant, content_digest, violations
+from dwgen.space import ANY_TEMPLATE, COMMON_TEMPLATE, NVCC_FLAGS, TEMPLATE_DIR, Variant, content_digest, violations
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
@@ -84,6 +84,11 @@ def _dtype_context(d: DType) -> dict:
             "from_float": d.from_float}
 
 
+def _generic_context(d: DType) -> dict:
+    """An element type's spellings for the generic kernels: _common.cu.j2's helpers at one element a vector."""
+    return {**_dtype_context(d), "vec_type": d.vector_type(1)}
+
+
 def render_variant(v: Variant) -> str:
     """CUDA source of one variant (kernel and its host launch function); refuses any invalid variant."""
     bad = violations(v.problem, v.config, v.direction)
@@ -116,14 +121,14 @@ def any_name(dtype: str) -> str:
 
 def any_digest(dtype: str) -> str:
     return content_digest({"name": any_name(dtype), "threads": ANY_THREADS, "max_blocks": ANY_MAX_BLOCKS,
-                           "flags": list(NVCC_FLAGS)}, (ANY_TEMPLATE,))
+                           "flags": list(NVCC_FLAGS)}, (ANY_TEMPLATE, COMMON_TEMPLATE))
 
 
 def render_any(dtype: str) -> str:
     """CUDA source of the generic kernel that is correct for every problem of one element type, any layout."""
     return _ENV.get_template(ANY_TEMPLATE).render(
         template=ANY_TEMPLATE, name=any_name(dtype), digest=any_digest(dtype), threads=_cpp_int(ANY_THREADS),
-        max_blocks=_cpp_int(ANY_MAX_BLOCKS), **_dtype_context(DTYPES[dtype]))
+        max_blocks=_cpp_int(ANY_MAX_BLOCKS), **_generic_context(DTYPES[dtype]))
 
 
 def _bwd_any_numbers() -> dict:
@@ -137,7 +142,7 @@ def bwd_any_name(dtype: str) -> str:
 
 def bwd_any_digest(dtype: str) -> str:
     return content_digest({"name": bwd_any_name(dtype), **_bwd_any_numbers(), "flags": list(NVCC_FLAGS)},
-                          (BWD_ANY_TEMPLATE,))
+                          (BWD_ANY_TEMPLATE, COMMON_TEMPLATE))
 
 
 def render_bwd_any(dtype: str) -> str:
@@ -145,7 +150,7 @@ def render_bwd_any(dtype: str) -> str:
     numbers = {k: _cpp_int(v) for k, v in _bwd_any_numbers().items()}
     return _ENV.get_template(BWD_ANY_TEMPLATE).render(
         template=BWD_ANY_TEMPLATE, name=bwd_any_name(dtype), digest=bwd_any_digest(dtype), **numbers,
-        **_dtype_context(DTYPES[dtype]))
+        **_generic_context(DTYPES[dtype]))
 
 
 def naive_name(dtype: str) -> str:
