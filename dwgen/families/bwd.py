@@ -190,6 +190,11 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 
 KNOWN_GOOD: tuple[Config, ...] = (
+    # the raw stage first: about half the instructions an output of the f32 stage's tuned designs (SASS,
+    # docs/perf-notes.md), not yet measured
+    Config(threads=128, outs=16, tc=1, stage="raw"),
+    Config(threads=256, outs=8, tc=1, stage="raw"),
+    Config(threads=128, outs=16, tc=1),
     Config(threads=256, outs=8, tc=1),
     Config(threads=256, outs=16, tc=1),
     Config(threads=256, outs=16, tc=64),
