@@ -159,7 +159,7 @@ def test_the_numpy_reference_is_the_checks():
 
 
 # (problem, config): the tuned target designs in both stages, the run widths a raw stage loads in 16, 8 and 4
-# bytes, dilation, fp16's conversions, and the old stage beside each; the problems' edges come from each
+# bytes, dilation, fp16's conversions, (B, L, C), and K from 1 to 31; the problems' edges come from each
 # variant's own edge list (lengths past a tile, paddings past the halo, rows that are not whole vectors).
 CASES = [
     (Problem(2, 3, 2051, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=16, stage="raw")),
@@ -172,6 +172,10 @@ CASES = [
     (Problem(1, 2, 4000, 7, 1, 3, 1, "fp16"), Config(threads=256, outs=8, stage="raw")),
     (Problem(1, 2, 4000, 3, 1, 2, 1, "fp16"), Config(threads=128, outs=16, stage="raw")),
     (Problem(2, 32, 999, 4, 1, 3, 1, "bf16", layout="blc"), Config(threads=256, outs=8, tc=32)),
+    # the weight sums' reduce-scatter over 2 and over 32 sums (K1, K31)
+    (Problem(2, 3, 600, 1, 1, 0, 1, "bf16"), Config(threads=128, outs=4, stage="raw")),
+    (Problem(1, 2, 1500, 31, 1, 15, 1, "fp16"), Config(threads=128, outs=8, stage="raw")),
+    (Problem(1, 2, 1500, 31, 1, 15, 1, "fp32"), Config(threads=128, outs=8)),
 ]
 
 
