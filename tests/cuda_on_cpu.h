@@ -53,6 +53,13 @@ inline unsigned __float_as_uint(float f) {
     std::memcpy(&u, &f, 4);
     return u;
 }
+// Byte i of the result is byte (s >> 4i) & 7 of the eight bytes y:x.
+inline unsigned __byte_perm(const unsigned x, const unsigned y, const unsigned s) {
+    const unsigned long long both = (static_cast<unsigned long long>(y) << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>((both >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+}
 template <class T> T __ldg(const T* p) { return *p; }
 template <class T> T __ldcs(const T* p) { return *p; }
 template <class T> void __stcs(T* p, const T v) { *p = v; }

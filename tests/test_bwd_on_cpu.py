@@ -158,16 +158,19 @@ def test_the_numpy_reference_is_the_checks():
             assert torch.allclose(got, want.reshape(got.shape), rtol=1e-12, atol=1e-12)
 
 
-# (problem, config): the tuned target designs in both stages, the run widths a raw stage loads in 16, 8 and 4
+# (problem, config): the tuned target designs in each stage, the run widths a raw stage loads in 16, 8 and 4
 # bytes, dilation, fp16's conversions, (B, L, C), and K from 1 to 31; the problems' edges come from each
 # variant's own edge list (lengths past a tile, paddings past the halo, rows that are not whole vectors).
 CASES = [
     (Problem(2, 3, 2051, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=16, stage="raw")),
+    (Problem(2, 3, 2051, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=16, stage="rawp")),
     (Problem(2, 3, 2051, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=16)),
     (Problem(2, 3, 2051, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=16, stage="raw")),
     (Problem(2, 3, 2051, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=16)),
     (Problem(2, 3, 999, 4, 1, 3, 2, "fp16"), Config(threads=128, outs=4, stage="raw")),
     (Problem(2, 3, 999, 5, 1, 2, 1, "bf16"), Config(threads=128, outs=2, stage="raw")),
+    (Problem(2, 3, 999, 4, 1, 3, 1, "fp16"), Config(threads=128, outs=4, stage="rawp")),
+    (Problem(2, 3, 999, 5, 1, 2, 1, "bf16"), Config(threads=128, outs=2, stage="rawp")),
     (Problem(2, 3, 999, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=2, stage="raw")),
     (Problem(1, 2, 4000, 7, 1, 3, 1, "fp16"), Config(threads=256, outs=8, stage="raw")),
     (Problem(1, 2, 4000, 3, 1, 2, 1, "fp16"), Config(threads=128, outs=16, stage="raw")),

@@ -48,6 +48,7 @@ def test_raw_stage_shared_memory_is_the_size_we_computed(tmp_path):
     from dwgen.space import Variant
 
     vs = [Variant(Problem(32, 512, 8192, dtype="bf16"), Config(threads=128, outs=16, stage="raw"), "bwd"),
+          Variant(Problem(32, 512, 8192, dtype="bf16"), Config(threads=128, outs=16, stage="rawp"), "bwd"),
           Variant(Problem(4, 64, 4096, 4, 1, 3, 2, "fp16"), Config(threads=256, outs=4, stage="raw"), "bwd"),
           Variant(Problem(32, 512, 8192), Config(threads=128, outs=2, stage="raw"), "bwd")]
     builds = build.compile_many([(v.name, render.render_variant(v), build.build_key(v.digest, "sm_90")) for v in vs],

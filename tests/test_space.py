@@ -255,14 +255,14 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage) -> bool:
     # (weights and bias) per warp, all as floats; the raw stage holds both windows as stored, in words
     xw, gw = tile + 2 * halo + slack, tile + halo + slack
     windows = (math.ceil(xw * 33 / 32) + math.ceil(gw * 33 / 32) + 2) if p.layout == "bcl" else (xw + gw) * tc
-    if stage == "raw":
+    if stage != "f32":
         xwords = raw_window_words(p, threads, outs, tile + 2 * halo, outs + 2 * halo)
         windows = -(-xwords // 4) * 4 + raw_window_words(p, threads, outs, tile + halo, outs + halo)
     smem = 4 * (windows + threads // 32 * (p.kernel_size + 1) * 32)
     # a thread's run: x and grad_out windows of outs + halo, and outs results, within 96 floats
     run = 2 * (outs + halo) + outs
     return (p.stride == 1 and (tc == 1 if p.layout == "bcl" else tc >= 16) and threads % tc == 0
-            and (stage == "f32" or p.layout == "bcl")
+            and (stage == "f32" or p.layout == "bcl") and (stage != "rawp" or p.elem_bytes == 2)
             and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024 and run <= 96
             and tile <= max(p.length, 256))
 
@@ -306,9 +306,12 @@ def test_bwd_golden_names_and_tokens():
         assert bwd.config_from_tokens(bwd.name_tokens(c), name) == c
     with pytest.raises(ValueError, match="unknown token 'f32'"):
         bwd.config_from_tokens(["t128", "o16", "f32"], "x")  # the default stage has no token
-    # the raw stage realigns rows of (B, C, L); over (B, L, C) it is not a variant
+    # the raw stage realigns rows of (B, C, L); over (B, L, C) it is not a variant; fp32 has no parity to permute
     assert violations(Problem(8, 4096, 2048, 4, 1, 3, layout="blc"), bwd.Config(tc=64, stage="raw"), "bwd") == [
         "raw_stage_over_rows"]
+    assert violations(Problem(32, 512, 8192), bwd.Config(stage="rawp"), "bwd") == ["permute_needs_halves"]
+    assert Variant(Problem(32, 512, 8192, dtype="fp16"), bwd.Config(threads=128, outs=16, stage="rawp"),
+                   "bwd").name == "dw1d_bwd_f16_k3_t128_o16_rawp"
 
 
 def test_bwd_violations_name_the_failed_restrictions():

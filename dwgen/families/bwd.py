@@ -17,8 +17,10 @@ AXES: dict[str, tuple] = {
     "tc": (1, 16, 32, 64),  # channels per block: 1 over (B, C, L) memory, a channel tile over (B, L, C)
     # How the windows sit in shared memory: f32, converted at commit and staged as floats (skewed one in 33);
     # raw, staged as stored, realigned at commit so that each thread reads its run in 16-byte loads and
-    # widens it in registers (fewer instructions an output; more bank conflicts for fp32's long runs).
-    "stage": ("f32", "raw"),
+    # widens it in registers (fewer instructions an output; more bank conflicts for fp32's long runs);
+    # rawp, raw with a 16-bit run's odd parity undone by a byte permute a word rather than by a branch
+    # between two widenings (one more instruction a word of an odd window, fewer registers).
+    "stage": ("f32", "raw", "rawp"),
 }
 
 STATIC_SMEM_BYTES = 48 * 1024  # the kernel's windows are static shared arrays
@@ -76,7 +78,7 @@ class Tiling:
     def smem_bytes(self) -> int:
         c, h, tl = self.config, self.halo, self.tile_length
         xw, gw = tl + 2 * h + self.slack, tl + h + self.slack
-        if c.stage == "raw":  # 4-byte words, each 16-byte aligned
+        if c.stage != "f32":  # raw: 4-byte words, each 16-byte aligned
             rw = c.outs + h
             xwords = self.raw_words(tl + 2 * h, self.run_words(rw + h))
             gwords = self.raw_words(tl + h, self.run_words(rw))
@@ -107,6 +109,11 @@ def raw_stage_over_rows(p: Problem, c: Config) -> bool:
     return c.stage == "f32" or p.layout == "bcl"
 
 
+def permute_needs_halves(p: Problem, c: Config) -> bool:
+    """A word of fp32 is one element: no parity to permute away (rawp would be raw under another name)."""
+    return c.stage != "rawp" or p.elem_bytes == 2
+
+
 def whole_warps_per_channel_tile(p: Problem, c: Config) -> bool:
     return c.threads % c.tc == 0 and c.threads // c.tc >= 1
 
@@ -132,6 +139,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     stride_one,
     tile_matches_layout,
     raw_stage_over_rows,
+    permute_needs_halves,
     whole_warps_per_channel_tile,
     channels_whole_vectors,
     fits_static_smem,
@@ -165,8 +173,8 @@ def render_context(p: Problem, c: Config) -> dict:
     t = Tiling(p, c)
     return {
         "threads": c.threads, "outs": c.outs, "tile_channels": c.tc, "vec": t.vec, "slack": t.slack,
-        "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl", "raw": c.stage == "raw",
-        "top_half": DTYPES[p.dtype].top_half,
+        "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl", "raw": c.stage != "f32",
+        "top_half": DTYPES[p.dtype].top_half, "permute": c.stage == "rawp",
     }
 
 
@@ -193,6 +201,7 @@ KNOWN_GOOD: tuple[Config, ...] = (
     # the raw stage first: about half the instructions an output of the f32 stage's tuned designs (SASS,
     # docs/perf-notes.md), not yet measured
     Config(threads=128, outs=16, tc=1, stage="raw"),
+    Config(threads=128, outs=16, tc=1, stage="rawp"),
     Config(threads=256, outs=8, tc=1, stage="raw"),
     Config(threads=128, outs=16, tc=1),
     Config(threads=256, outs=8, tc=1),
