@@ -74,15 +74,32 @@ inline __nv_bfloat16 __float2bfloat16_rn(const float f) {
     return {static_cast<unsigned short>(u >> 16)};
 }
 inline float __half2float(const __half h) {
-    _Float16 v;
-    std::memcpy(&v, &h.x, 2);
-    return static_cast<float>(v);
+    const int sign = h.x >> 15, exp = (h.x >> 10) & 0x1f, man = h.x & 0x3ff;
+    float v;
+    if (exp == 0) {
+        v = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal
+    } else if (exp == 31) {
+        v = man ? NAN : INFINITY;
+    } else {
+        v = std::ldexp(static_cast<float>(man | 0x400), exp - 25);
+    }
+    return sign ? -v : v;
 }
-inline __half __float2half_rn(const float f) {
-    const _Float16 v = static_cast<_Float16>(f);  // round to nearest even
-    __half h;
-    std::memcpy(&h.x, &v, 2);
-    return h;
+inline __half __float2half_rn(const float f) {  // round to nearest even, as cvt.rn.f16.f32
+    const unsigned short sign = std::signbit(f) ? 0x8000 : 0;
+    const double a = std::fabs(static_cast<double>(f));
+    if (std::isnan(f)) return {0x7fff};
+    int e;
+    std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+    if (a == 0.0 || e - 1 < -14) {  // subnormal: steps of 2^-24
+        const double m = std::nearbyint(a * 16777216.0);
+        return {static_cast<unsigned short>(sign | static_cast<unsigned short>(m))};  // 1024 is the least normal
+    }
+    double m = std::nearbyint(std::ldexp(a, 11 - e));  // 11 significant bits
+    if (m == 2048.0) m = 1024.0, ++e;
+    const int biased = e - 1 + 15;
+    if (biased >= 31) return {static_cast<unsigned short>(sign | 0x7c00)};
+    return {static_cast<unsigned short>(sign | (biased << 10) | (static_cast<int>(m) - 1024))};
 }
 
 typedef void* cudaStream_t;

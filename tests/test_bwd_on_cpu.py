@@ -74,7 +74,7 @@ def cpu_source(v: Variant) -> str:
 def build(v: Variant, tmp: Path) -> Path:
     src, exe = tmp / f"{v.name}.cpp", tmp / v.name
     src.write_text(cpu_source(v))
-    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
                            f"-DNAME={v.name}", "-o", str(exe), str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return exe
