@@ -1,4 +1,4 @@
-"""The fused backward's own source, run on the CPU (tests/cuda_on_cpu.h: a block's threads as std::threads)
+"""The fused backward's own source, run on the CPU (tests/cuda_on_cpu.h: a block's threads as fibers)
 through its launch function and checked against float64: the kernel's index and staging logic, for
 machines without a GPU. It says nothing of speed or of the device's memory model."""
 from __future__ import annotations
