@@ -26,6 +26,9 @@ class DType:
     # Below the smallest normal number the format's steps are absolute: an output there may miss by half
     # a step whatever its size (fp16's subnormal step is 2**-24; seen on K1 outputs near 4e-5).
     absolute_floor: float = 0.0
+    # The stored bits are the top half of the float's (bf16): widening one element of a 32-bit word is a
+    # shift or a mask, one instruction, where extracting it first takes two.
+    top_half: bool = False
 
     @property
     def max_vec(self) -> int:
@@ -44,7 +47,8 @@ DTYPES: dict[str, DType] = {
     "fp16": DType("fp16", "f16", "float16", 2, "__half", "unsigned short", "Half", "float", "cuda_fp16.h",
                   "__half2float", "__float2half_rn", _HALF_VECTORS, 2.0**-11 + 1e-5, 2.0**-24),
     "bf16": DType("bf16", "bf16", "bfloat16", 2, "__nv_bfloat16", "unsigned short", "BFloat16", "float",
-                  "cuda_bf16.h", "__bfloat162float", "__float2bfloat16_rn", _HALF_VECTORS, 2.0**-8 + 1e-5),
+                  "cuda_bf16.h", "__bfloat162float", "__float2bfloat16_rn", _HALF_VECTORS, 2.0**-8 + 1e-5,
+                  top_half=True),
 }
 
 

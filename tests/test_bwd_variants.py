@@ -40,3 +40,19 @@ def test_the_library_exports_both_and_sizes_its_workspace(tmp_path):
     ws.restype, ws.argtypes = ctypes.c_longlong, [ctypes.c_longlong] * len(contract.WORKSPACE_ARGS)
     assert ws(4, 64, 1000, 1000, 1) == 4 * 4 * 64 * 4
     assert ws(1, 3, 1024, 1022, 0) == 1 * 4 * 3 * 4  # P = 0: grad_out from 2 before the tile, max(1024, 1024)
+
+
+@pytest.mark.nvcc
+def test_raw_stage_shared_memory_is_the_size_we_computed(tmp_path):
+    from dwgen.families.bwd import Config
+    from dwgen.space import Variant
+
+    vs = [Variant(Problem(32, 512, 8192, dtype="bf16"), Config(threads=128, outs=16, stage="raw"), "bwd"),
+          Variant(Problem(32, 512, 8192, dtype="bf16"), Config(threads=128, outs=16, stage="rawp"), "bwd"),
+          Variant(Problem(4, 64, 4096, 4, 1, 3, 2, "fp16"), Config(threads=256, outs=4, stage="raw"), "bwd"),
+          Variant(Problem(32, 512, 8192), Config(threads=128, outs=2, stage="raw"), "bwd")]
+    builds = build.compile_many([(v.name, render.render_variant(v), build.build_key(v.digest, "sm_90")) for v in vs],
+                                tmp_path, workers=2)
+    for v, b in zip(vs, builds, strict=True):
+        assert b.ok, b.log
+        assert b.smem_bytes == v.tiling.smem_bytes and b.spill_bytes == 0, v.name

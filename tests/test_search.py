@@ -255,7 +255,7 @@ def test_grid_sampler_walks_the_whole_backward_space():
     study = st.open_study(p, None, "grid", 0, "bwd")
     ev = FakeBwdEvaluator()
     known, stats = loop.search(p, study, FakeBuilder(), ev, trials=10_000, batch=8, log=lambda s: None)
-    assert stats.evaluated == len(enumerate_space(p, "bwd")) == len(set(ev.calls)) == 3
+    assert stats.evaluated == len(enumerate_space(p, "bwd")) == len(set(ev.calls)) == 6  # 3 designs, 2 stages
 
 
 def test_results_of_the_other_direction_are_not_read_back():

@@ -230,7 +230,21 @@ def test_known_good_are_valid_where_kept():
     assert known_good(p)
 
 
-def brute_force_bwd_ok(p: Problem, threads, outs, tc) -> bool:
+def raw_window_words(p: Problem, threads, outs, count, run_elems) -> int:
+    """Words of a raw window: one vector of room, then every vector the window can touch (a vector boundary
+    before it and its last vector), or up to the end of the last thread's run, read in whole 16-, 8- or
+    4-byte loads after one element of parity, whichever reaches further."""
+    per_word = 4 // p.elem_bytes
+    vec_words = 4
+    vec = 16 // p.elem_bytes
+    vectors = (count + 2 * vec - 2) // vec
+    run_word_count = -(-(run_elems + per_word - 1) // per_word)
+    load = next(w for w in (4, 2, 1) if (outs // per_word) % w == 0)
+    run_word_count = -(-run_word_count // load) * load
+    return max(vec_words * (vectors + 1), (threads * outs - outs) // per_word + vec_words + run_word_count)
+
+
+def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage) -> bool:
     """The fused backward family's restrictions restated from first principles."""
     vec = 16 // p.elem_bytes if p.layout == "bcl" else min(16 // p.elem_bytes, tc)
     tile = threads // tc * outs
@@ -238,13 +252,17 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc) -> bool:
     slack = 2 * vec if p.layout == "bcl" else 0
     # x window (tile and both halos) and grad_out window (tile and one halo), each with its slack, per channel
     # of the tile (over (B, C, L) with one float in 33 left empty, and one more), and a warp's K + 1 sums
-    # (weights and bias) per warp, all as floats
+    # (weights and bias) per warp, all as floats; the raw stage holds both windows as stored, in words
     xw, gw = tile + 2 * halo + slack, tile + halo + slack
     windows = (math.ceil(xw * 33 / 32) + math.ceil(gw * 33 / 32) + 2) if p.layout == "bcl" else (xw + gw) * tc
+    if stage != "f32":
+        xwords = raw_window_words(p, threads, outs, tile + 2 * halo, outs + 2 * halo)
+        windows = -(-xwords // 4) * 4 + raw_window_words(p, threads, outs, tile + halo, outs + halo)
     smem = 4 * (windows + threads // 32 * (p.kernel_size + 1) * 32)
     # a thread's run: x and grad_out windows of outs + halo, and outs results, within 96 floats
     run = 2 * (outs + halo) + outs
     return (p.stride == 1 and (tc == 1 if p.layout == "bcl" else tc >= 16) and threads % tc == 0
+            and (stage == "f32" or p.layout == "bcl") and (stage != "rawp" or p.elem_bytes == 2)
             and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024 and run <= 96
             and tile <= max(p.length, 256))
 
@@ -269,9 +287,31 @@ def test_bwd_enumeration_matches_brute_force(p):
 
 
 def test_bwd_space_of_a_small_problem_by_name():
-    # (B, C, L) tiles: one channel a block, threads x outs positions no longer than the row (or 256)
+    # (B, C, L) tiles: one channel a block, threads x outs positions no longer than the row (or 256), each
+    # staged as floats or as stored
     assert [v.name for v in enumerate_space(Problem(4, 64, 1000), "bwd")] == [
-        "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o4", "dw1d_bwd_f32_k3_t256_o2"]
+        "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o4",
+        "dw1d_bwd_f32_k3_t128_o4_raw", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_raw"]
+
+
+def test_bwd_golden_names_and_tokens():
+    from dwgen.families import bwd
+
+    for p, c, name in ((Problem(32, 512, 8192, dtype="bf16"), bwd.Config(threads=128, outs=16, stage="raw"),
+                        "dw1d_bwd_bf16_k3_t128_o16_raw"),
+                       (Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc"),
+                        bwd.Config(threads=256, outs=16, tc=64), "dw1d_bwd_bf16_k4_t256_o16_c64")):
+        v = Variant(p, c, "bwd")
+        assert v.name == name
+        assert bwd.config_from_tokens(bwd.name_tokens(c), name) == c
+    with pytest.raises(ValueError, match="unknown token 'f32'"):
+        bwd.config_from_tokens(["t128", "o16", "f32"], "x")  # the default stage has no token
+    # the raw stage realigns rows of (B, C, L); over (B, L, C) it is not a variant; fp32 has no parity to permute
+    assert violations(Problem(8, 4096, 2048, 4, 1, 3, layout="blc"), bwd.Config(tc=64, stage="raw"), "bwd") == [
+        "raw_stage_over_rows"]
+    assert violations(Problem(32, 512, 8192), bwd.Config(stage="rawp"), "bwd") == ["permute_needs_halves"]
+    assert Variant(Problem(32, 512, 8192, dtype="fp16"), bwd.Config(threads=128, outs=16, stage="rawp"),
+                   "bwd").name == "dw1d_bwd_f16_k3_t128_o16_rawp"
 
 
 def test_bwd_violations_name_the_failed_restrictions():
@@ -289,7 +329,7 @@ def test_bwd_violations_name_the_failed_restrictions():
     for p in BWD_PROBLEMS:
         for c in all_bwd_configs():
             bad = violations(p, c, "bwd")
-            assert set(bad) <= names and (not bad) == brute_force_bwd_ok(p, c.threads, c.outs, c.tc)
+            assert set(bad) <= names and (not bad) == brute_force_bwd_ok(p, c.threads, c.outs, c.tc, c.stage)
 
 
 def all_bwd_configs():

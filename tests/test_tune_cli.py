@@ -60,11 +60,13 @@ def test_dry_run_compiles_the_backward_space(tmp_path):
     out = run("--shape", "4x64x1000", "--direction", "bwd", "--dry-run", "--json", "--runs-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     rows = json.loads(out.stdout)
-    # the fused backward's whole space for this problem: tiles of at most 1000 positions, one channel a block
-    assert [r["variant"] for r in rows] == ["dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o4",
-                                            "dw1d_bwd_f32_k3_t256_o2"]
+    # the fused backward's whole space for this problem: tiles of at most 1000 positions, one channel a block,
+    # staged as floats or as stored
+    assert [r["variant"] for r in rows] == [
+        "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o4",
+        "dw1d_bwd_f32_k3_t128_o4_raw", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_raw"]
     assert all(r["status"] == "ok" and r["spill_bytes"] == 0 for r in rows)
-    assert "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias_bwd: 3 valid variants" in out.stderr
+    assert "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias_bwd: 6 valid variants" in out.stderr
 
 
 def test_a_suite_skips_its_strided_problems_backward_with_a_note(tmp_path, capsys):

@@ -15,6 +15,12 @@ AXES: dict[str, tuple] = {
     "threads": (128, 256, 512),
     "outs": (2, 4, 8, 16, 32),  # positions per thread along the length
     "tc": (1, 16, 32, 64),  # channels per block: 1 over (B, C, L) memory, a channel tile over (B, L, C)
+    # How the windows sit in shared memory: f32, converted at commit and staged as floats (skewed one in 33);
+    # raw, staged as stored, realigned at commit so that each thread reads its run in 16-byte loads and
+    # widens it in registers (fewer instructions an output; more bank conflicts for fp32's long runs);
+    # rawp, raw with a 16-bit run's odd parity undone by a byte permute a word rather than by a branch
+    # between two widenings (one more instruction a word of an odd window, fewer registers).
+    "stage": ("f32", "raw", "rawp"),
 }
 
 STATIC_SMEM_BYTES = 48 * 1024  # the kernel's windows are static shared arrays
@@ -25,6 +31,7 @@ class Config(AxisConfig):
     threads: int = 256
     outs: int = 8
     tc: int = 1
+    stage: str = "f32"
 
     AXES = AXES
 
@@ -53,10 +60,30 @@ class Tiling:
         return 2 * self.vec if self.problem.layout == "bcl" else 0
 
     @property
+    def elems_per_word(self) -> int:
+        return 4 // self.problem.elem_bytes
+
+    def run_words(self, n: int) -> int:
+        """Words a thread loads for a raw run of n elements after a parity (as the template's run_words())."""
+        e, w = self.elems_per_word, self.config.outs // self.elems_per_word
+        lw = 4 if w % 4 == 0 else 2 if w % 2 == 0 else 1
+        return -(-((e - 1 + n + e - 1) // e) // lw) * lw
+
+    def raw_words(self, count: int, run: int) -> int:
+        """A raw window's words: its vectors after one vector's room, or the last run (as raw_words())."""
+        v, e, tl = self.vec, self.elems_per_word, self.tile_length
+        return max(v // e * ((count + 2 * v - 2) // v + 1), (tl - self.config.outs) // e + v // e + run)
+
+    @property
     def smem_bytes(self) -> int:
-        c, h = self.config, self.halo
-        xw, gw = self.tile_length + 2 * h + self.slack, self.tile_length + h + self.slack
-        if self.problem.layout == "bcl":  # skewed: a float left empty after every 32 (as the template's skew())
+        c, h, tl = self.config, self.halo, self.tile_length
+        xw, gw = tl + 2 * h + self.slack, tl + h + self.slack
+        if c.stage != "f32":  # raw: 4-byte words, each 16-byte aligned
+            rw = c.outs + h
+            xwords = self.raw_words(tl + 2 * h, self.run_words(rw + h))
+            gwords = self.raw_words(tl + h, self.run_words(rw))
+            windows = -(-xwords // 4) * 4 + gwords
+        elif self.problem.layout == "bcl":  # skewed: a float left empty after every 32 (as the template's skew())
             windows = (xw + xw // 32 + 1) + (gw + gw // 32 + 1)
         else:
             windows = (xw + gw) * c.tc
@@ -75,6 +102,16 @@ def stride_one(p: Problem, c: Config) -> bool:
 
 def tile_matches_layout(p: Problem, c: Config) -> bool:
     return (c.tc == 1) if p.layout == "bcl" else (c.tc >= 16)
+
+
+def raw_stage_over_rows(p: Problem, c: Config) -> bool:
+    """The raw stage realigns a row's vectors; over (B, L, C) a thread's channel is one element of a vector."""
+    return c.stage == "f32" or p.layout == "bcl"
+
+
+def permute_needs_halves(p: Problem, c: Config) -> bool:
+    """A word of fp32 is one element: no parity to permute away (rawp would be raw under another name)."""
+    return c.stage != "rawp" or p.elem_bytes == 2
 
 
 def whole_warps_per_channel_tile(p: Problem, c: Config) -> bool:
@@ -101,6 +138,8 @@ def tile_fits_length(p: Problem, c: Config) -> bool:
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     stride_one,
     tile_matches_layout,
+    raw_stage_over_rows,
+    permute_needs_halves,
     whole_warps_per_channel_tile,
     channels_whole_vectors,
     fits_static_smem,
@@ -113,6 +152,8 @@ def name_tokens(c: Config) -> list[str]:
     parts = [f"t{c.threads}", f"o{c.outs}"]
     if c.tc != 1:
         parts.append(f"c{c.tc}")
+    if c.stage != "f32":
+        parts.append(c.stage)
     return parts
 
 
@@ -121,6 +162,8 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
     for tok in tokens:
         if tok[:1] in "toc" and tok[1:].isdigit():
             fields[{"t": "threads", "o": "outs", "c": "tc"}[tok[0]]] = int(tok[1:])
+        elif tok in AXES["stage"] and tok != "f32":
+            fields["stage"] = tok
         else:
             raise ValueError(f"{name}: unknown token {tok!r}")
     return Config(**fields)
@@ -130,7 +173,8 @@ def render_context(p: Problem, c: Config) -> dict:
     t = Tiling(p, c)
     return {
         "threads": c.threads, "outs": c.outs, "tile_channels": c.tc, "vec": t.vec, "slack": t.slack,
-        "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl",
+        "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl", "raw": c.stage != "f32",
+        "top_half": DTYPES[p.dtype].top_half, "permute": c.stage == "rawp",
     }
 
 
@@ -154,6 +198,12 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 
 KNOWN_GOOD: tuple[Config, ...] = (
+    # the raw stage first: about half the instructions an output of the f32 stage's tuned designs (SASS,
+    # docs/perf-notes.md), not yet measured
+    Config(threads=128, outs=16, tc=1, stage="raw"),
+    Config(threads=128, outs=16, tc=1, stage="rawp"),
+    Config(threads=256, outs=8, tc=1, stage="raw"),
+    Config(threads=128, outs=16, tc=1),
     Config(threads=256, outs=8, tc=1),
     Config(threads=256, outs=16, tc=1),
     Config(threads=256, outs=16, tc=64),

@@ -1,0 +1,206 @@
+// Just enough of CUDA to run a rendered kernel source on the CPU, for tests on machines without a GPU: a
+// block's threads are fibers on one OS thread (each started by ucontext, then switched by _setjmp/_longjmp,
+// which skip the signal-mask system calls of swapcontext), run one block at a time (so __shared__ arrays
+// are statics); __syncthreads and a warp's shuffle are barriers at which a fiber yields until all the
+// threads it waits for arrive; the 16-bit types convert with round-to-nearest-even as the device does.
+// `name<<<grid, block, smem, stream>>>(args)` is rewritten by the test into
+// `emu::launch(name, grid, block, smem, stream, args)`. For small problems only.
+#pragma once
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static
+
+struct dim3_ {
+    unsigned x = 0, y = 0, z = 0;
+};
+inline dim3_ blockIdx, blockDim, gridDim;
+namespace emu {
+inline dim3_ fiber_tid[1024];
+inline int current = 0;
+}  // namespace emu
+#define threadIdx (emu::fiber_tid[emu::current])
+
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
+
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+// Byte i of the result is byte (s >> 4i) & 7 of the eight bytes y:x.
+inline unsigned __byte_perm(const unsigned x, const unsigned y, const unsigned s) {
+    const unsigned long long both = (static_cast<unsigned long long>(y) << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>((both >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+}
+template <class T> T __ldg(const T* p) { return *p; }
+template <class T> T __ldcs(const T* p) { return *p; }
+template <class T> void __stcs(T* p, const T v) { *p = v; }
+
+struct __nv_bfloat16 { unsigned short x; };
+struct __half { unsigned short x; };
+inline float __bfloat162float(const __nv_bfloat16 h) { return __uint_as_float(static_cast<unsigned>(h.x) << 16); }
+inline __nv_bfloat16 __float2bfloat16_rn(const float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<unsigned short>((u >> 16) | 0x40u)};  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return {static_cast<unsigned short>(u >> 16)};
+}
+inline float __half2float(const __half h) {
+    const int sign = h.x >> 15, exp = (h.x >> 10) & 0x1f, man = h.x & 0x3ff;
+    float v;
+    if (exp == 0) {
+        v = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal
+    } else if (exp == 31) {
+        v = man ? NAN : INFINITY;
+    } else {
+        v = std::ldexp(static_cast<float>(man | 0x400), exp - 25);
+    }
+    return sign ? -v : v;
+}
+inline __half __float2half_rn(const float f) {  // round to nearest even, as cvt.rn.f16.f32
+    const unsigned short sign = std::signbit(f) ? 0x8000 : 0;
+    const double a = std::fabs(static_cast<double>(f));
+    if (std::isnan(f)) return {0x7fff};
+    int e;
+    std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+    if (a == 0.0 || e - 1 < -14) {  // subnormal: steps of 2^-24
+        const double m = std::nearbyint(a * 16777216.0);
+        return {static_cast<unsigned short>(sign | static_cast<unsigned short>(m))};  // 1024 is the least normal
+    }
+    double m = std::nearbyint(std::ldexp(a, 11 - e));  // 11 significant bits
+    if (m == 2048.0) m = 1024.0, ++e;
+    const int biased = e - 1 + 15;
+    if (biased >= 31) return {static_cast<unsigned short>(sign | 0x7c00)};
+    return {static_cast<unsigned short>(sign | (biased << 10) | (static_cast<int>(m) - 1024))};
+}
+
+typedef void* cudaStream_t;
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMisalignedAddress = 716 };
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+namespace emu {
+constexpr size_t STACK = 256 * 1024;
+inline std::vector<ucontext_t> fibers;
+inline std::vector<std::unique_ptr<char[]>> stacks;
+struct Jump {
+    jmp_buf at;
+};
+inline std::vector<Jump> fiber_jump;
+inline jmp_buf scheduler_jump;
+inline std::function<void()> body;
+inline bool fiber_finished = false;
+inline unsigned exchange[1024];
+
+inline void yield() {
+    if (!_setjmp(fiber_jump[current].at)) _longjmp(scheduler_jump, 1);
+}
+
+// A barrier of `expected` fibers: each arrives, then yields back to the scheduler until the last one has.
+struct Barrier {
+    int expected = 0, arrived = 0;
+    long long generation = 0;
+    void wait() {
+        const long long mine = generation;
+        if (++arrived == expected) {
+            arrived = 0;
+            ++generation;
+            return;
+        }
+        while (generation == mine) yield();
+    }
+};
+inline Barrier block_barrier;
+inline std::vector<Barrier> warp_barriers;
+
+inline void fiber_main() {
+    body();
+    fiber_finished = true;
+    _longjmp(scheduler_jump, 1);
+}
+
+// Runs every block of the grid in order, each as `block` fibers switched at their barriers.
+template <class F, class... A>
+void launch(F kernel, const unsigned grid, const int block, int, void*, A... args) {
+    gridDim = {grid, 1, 1};
+    blockDim = {static_cast<unsigned>(block), 1, 1};
+    block_barrier = Barrier{block};
+    warp_barriers.assign((block + 31) / 32, Barrier{32});
+    fibers.assign(block, ucontext_t{});
+    fiber_jump.resize(block);
+    while (static_cast<int>(stacks.size()) < block) stacks.emplace_back(new char[STACK]);
+    body = [=] { kernel(args...); };
+    for (unsigned g = 0; g < grid; ++g) {
+        blockIdx = {g, 0, 0};
+        std::vector<char> state(block, 0);  // 0 not started, 1 running, 2 done
+        for (int t = 0; t < block; ++t) {
+            fiber_tid[t] = {static_cast<unsigned>(t), 0, 0};
+            getcontext(&fibers[t]);
+            fibers[t].uc_stack.ss_sp = stacks[t].get();
+            fibers[t].uc_stack.ss_size = STACK;
+            fibers[t].uc_link = nullptr;
+            makecontext(&fibers[t], fiber_main, 0);
+        }
+        // Round robin until every fiber has returned: a fiber runs until it waits at a barrier or ends.
+        for (int left = block; left > 0;) {
+            for (int t = 0; t < block; ++t) {
+                if (state[t] == 2) continue;
+                current = t;
+                if (!_setjmp(scheduler_jump)) {
+                    if (state[t] == 0) {
+                        state[t] = 1;
+                        setcontext(&fibers[t]);
+                    }
+                    _longjmp(fiber_jump[t].at, 1);
+                }
+                if (fiber_finished) {
+                    fiber_finished = false;
+                    state[t] = 2;
+                    --left;
+                }
+            }
+        }
+    }
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::block_barrier.wait(); }
+
+template <class V>
+V __shfl_xor_sync(unsigned, const V v, const int mask) {
+    static_assert(sizeof(V) == 4, "32-bit lanes");
+    const unsigned t = threadIdx.x, w = t / 32;
+    std::memcpy(&emu::exchange[t], &v, 4);
+    emu::warp_barriers[w].wait();
+    V r;
+    std::memcpy(&r, &emu::exchange[w * 32 + ((t % 32) ^ static_cast<unsigned>(mask))], 4);
+    emu::warp_barriers[w].wait();
+    return r;
+}

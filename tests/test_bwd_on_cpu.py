@@ -1,0 +1,202 @@
+"""The fused backward's own source, run on the CPU (tests/cuda_on_cpu.h: a block's threads as fibers)
+through its launch function and checked against float64: the kernel's index and staging logic, for
+machines without a GPU. It says nothing of speed or of the device's memory model."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dwgen.check import backward_reference, compare, grad_output, make_inputs
+from dwgen.dtypes import DTYPES
+from dwgen.families.bwd import Config
+from dwgen.problem import Problem
+from dwgen.render import render_variant
+from dwgen.space import Variant, violations
+
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+
+static void* slurp(FILE* f, long long bytes) {
+    void* p = std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64 + 64));
+    if (bytes > 0 && std::fread(p, 1, static_cast<size_t>(bytes), f) != static_cast<size_t>(bytes)) std::exit(3);
+    return p;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 11) return 2;
+    const long long B = std::atoll(argv[3]), C = std::atoll(argv[4]), L = std::atoll(argv[5]),
+                    Lout = std::atoll(argv[6]), P = std::atoll(argv[7]), act = std::atoll(argv[8]),
+                    bias = std::atoll(argv[9]), K = std::atoll(argv[10]);
+    const long long e = sizeof({{ storage }});
+    FILE* in = std::fopen(argv[1], "rb");
+    void* x = slurp(in, B * C * L * e);
+    void* gy = slurp(in, B * C * Lout * e);
+    void* w = slurp(in, C * K * e);
+    void* b = bias ? slurp(in, C * e) : nullptr;
+    std::fclose(in);
+    void* gx = std::aligned_alloc(64, static_cast<size_t>((B * C * L * e + 63) / 64 * 64));
+    void* gw = std::aligned_alloc(64, static_cast<size_t>((C * K * e + 63) / 64 * 64));
+    void* gb = std::aligned_alloc(64, static_cast<size_t>((C * e + 63) / 64 * 64 + 64));
+    const long long ws = CAT(dwgen_workspace_, NAME)(B, C, L, Lout, P);
+    float* work = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((ws * 4 + 63) / 64 * 64 + 64)));
+    const int rc = CAT(dwgen_launch_, NAME)(gy, x, w, b, gx, gw, gb, work, B, C, L, Lout, P, act, nullptr);
+    if (rc != 0) return 10 + rc;
+    FILE* out = std::fopen(argv[2], "wb");
+    std::fwrite(gx, 1, static_cast<size_t>(B * C * L * e), out);
+    std::fwrite(gw, 1, static_cast<size_t>(C * K * e), out);
+    std::fwrite(gb, 1, static_cast<size_t>(C * e), out);
+    std::fclose(out);
+    return 0;
+}
+"""
+
+
+def cpu_source(v: Variant) -> str:
+    """The variant's source with its launches made calls of emu::launch, and a main that runs it on files."""
+    src = render_variant(v)
+    src = re.sub(r"#include <cuda[^>]*>\n", "", src)
+    src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
+    return '#include "cuda_on_cpu.h"\n' + src + MAIN.replace("{{ storage }}", DTYPES[v.problem.dtype].storage)
+
+
+def build(v: Variant, tmp: Path) -> Path:
+    src, exe = tmp / f"{v.name}.cpp", tmp / v.name
+    src.write_text(cpu_source(v))
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
+                           f"-DNAME={v.name}", "-o", str(exe), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return exe
+
+
+def raw(t) -> bytes:
+    import torch
+
+    t = t.contiguous()
+    return (t.view(torch.int16) if t.element_size() == 2 else t).numpy().tobytes()
+
+
+def reference(p: Problem, x, w, b, gy, act: int):
+    """float64 gradients and their error scales as dwgen.check.backward_reference gives them, in numpy
+    (torch's float64 depthwise convolution takes about a second a call on this CPU)."""
+    import numpy as np
+    import torch
+
+    xd, wd, gyd = x.double().numpy(), w.double().numpy()[:, 0, :], gy.double().numpy()
+    bd = b.double().numpy() if b is not None else np.zeros(p.channels)
+    n, k, d, pad, lout = p.length, p.kernel_size, p.dilation, p.padding, p.out_length
+    xp = np.zeros((p.batch, p.channels, n + 2 * pad + k * d))
+    xp[:, :, pad:pad + n] = xd
+    taps = np.stack([xp[:, :, j * d:j * d + lout] for j in range(k)], axis=-1)  # x under tap j of output o
+    z = (taps * wd[None, :, None, :]).sum(-1) + bd[None, :, None]
+    za = (np.abs(taps) * np.abs(wd)[None, :, None, :]).sum(-1) + np.abs(bd)[None, :, None] * (b is not None)
+    if act == 1:
+        s = 1 / (1 + np.exp(-z))
+        g = gyd * s * (1 + z * (1 - s))
+        gs = np.abs(g) + 0.5 * np.abs(gyd) * za
+    else:
+        g, gs = gyd, np.abs(gyd)
+
+    def grads(g, xs, ws):
+        gx = np.zeros((p.batch, p.channels, n + 2 * pad + k * d))
+        for j in range(k):
+            gx[:, :, j * d:j * d + lout] += g * ws[None, :, None, j]
+        gw = np.stack([(g * xs[..., j]).sum((0, 2)) for j in range(k)], axis=-1)
+        return gx[:, :, pad:pad + n], gw[:, None, :], g.sum((0, 2))
+    gx, gw, gb = grads(g, taps, wd)
+    sx, sw, sb = grads(gs, np.abs(taps), np.abs(wd))
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (gx, gw, gb, sx, sw, sb)]
+    return tuple(t[:3]), tuple(t[3:])
+
+
+def run_on_cpu(exe: Path, p: Problem, act: int, seed: int, tmp: Path):
+    """Gradients the kernel computes for the check's inputs of seed, and the outcome of the float64 check."""
+    import torch
+
+    x, w, b = make_inputs(p, seed, "cpu")
+    gy = grad_output(p, seed, "cpu")
+    mem = (lambda t: t.transpose(1, 2)) if p.layout == "blc" else (lambda t: t)
+    blob = raw(mem(x)) + raw(mem(gy)) + raw(w) + (raw(b) if b is not None else b"")
+    inp, out = tmp / f"{exe.name}.{p.key}.{act}.in", tmp / f"{exe.name}.{p.key}.{act}.out"
+    inp.write_bytes(blob)
+    args = [exe, inp, out, p.batch, p.channels, p.length, p.out_length, p.padding, act, int(b is not None),
+            p.kernel_size]
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{p.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
+    data = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8)
+    dt = x.dtype
+    n_x, n_w = x.numel() * x.element_size(), w.numel() * w.element_size()
+    got = (mem(data[:n_x].view(dt).view(mem(x).shape)), data[n_x:n_x + n_w].view(dt).view(w.shape),
+           data[n_x + n_w:].view(dt))
+    refs, scales = reference(p, x, w, b, gy, act)
+    for what, g, ref, scale in zip(("grad_x", "grad_weight", "grad_bias"), got, refs, scales, strict=True):
+        outcome = compare(p, g, ref, scale)
+        if not outcome.ok:
+            return replace(outcome, message=f"seed {seed} act {act}: {what}: {outcome.message}")
+    return outcome
+
+
+def test_the_numpy_reference_is_the_checks():
+    import torch
+
+    for p, act in ((Problem(2, 3, 50, 4, 1, 3, 2, "bf16", bias=True), 1), (Problem(1, 2, 40, 3, 1, 0), 0)):
+        x, w, b = make_inputs(p, 0, "cpu")
+        gy = grad_output(p, 0, "cpu")
+        for got, want in zip(sum(reference(p, x, w, b, gy, act), ()), sum(backward_reference(p, x, w, b, gy, act), ()),
+                             strict=True):
+            assert torch.allclose(got, want.reshape(got.shape), rtol=1e-12, atol=1e-12)
+
+
+# (problem, config): the tuned target designs in each stage, the run widths a raw stage loads in 16, 8 and 4
+# bytes, dilation, fp16's conversions, (B, L, C), and K from 1 to 31; the problems' edges come from each
+# variant's own edge list (lengths past a tile, paddings past the halo, rows that are not whole vectors).
+CASES = [
+    (Problem(2, 3, 2051, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=16, stage="raw")),
+    (Problem(2, 3, 2051, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=16, stage="rawp")),
+    (Problem(2, 3, 2051, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=16)),
+    (Problem(2, 3, 2051, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=16, stage="raw")),
+    (Problem(2, 3, 2051, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=16)),
+    (Problem(2, 3, 999, 4, 1, 3, 2, "fp16"), Config(threads=128, outs=4, stage="raw")),
+    (Problem(2, 3, 999, 5, 1, 2, 1, "bf16"), Config(threads=128, outs=2, stage="raw")),
+    (Problem(2, 3, 999, 4, 1, 3, 1, "fp16"), Config(threads=128, outs=4, stage="rawp")),
+    (Problem(2, 3, 999, 5, 1, 2, 1, "bf16"), Config(threads=128, outs=2, stage="rawp")),
+    (Problem(2, 3, 999, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=2, stage="raw")),
+    (Problem(1, 2, 4000, 7, 1, 3, 1, "fp16"), Config(threads=256, outs=8, stage="raw")),
+    (Problem(1, 2, 4000, 3, 1, 2, 1, "fp16"), Config(threads=128, outs=16, stage="raw")),
+    (Problem(2, 32, 999, 4, 1, 3, 1, "bf16", layout="blc"), Config(threads=256, outs=8, tc=32)),
+    # the weight sums' reduce-scatter over 2 and over 32 sums (K1, K31)
+    (Problem(2, 3, 600, 1, 1, 0, 1, "bf16"), Config(threads=128, outs=4, stage="raw")),
+    (Problem(1, 2, 1500, 31, 1, 15, 1, "fp16"), Config(threads=128, outs=8, stage="raw")),
+    (Problem(1, 2, 1500, 31, 1, 15, 1, "fp32"), Config(threads=128, outs=8)),
+]
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bwd_cpu")
+    vs = [Variant(p, c, "bwd") for p, c in CASES]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return {v.name: exe for v, exe in zip(vs, pool.map(lambda v: build(v, tmp), vs), strict=True)}, tmp
+
+
+@pytest.mark.parametrize("p,c", CASES, ids=[Variant(p, c, "bwd").name for p, c in CASES])
+def test_matches_float64_on_cpu(binaries, p, c):
+    exes, tmp = binaries
+    v = Variant(p, c, "bwd")
+    assert not violations(p, c, "bwd")
+    problems = [p, replace(p, bias=True)] + [q for q in v.edge_problems() if q.length <= 5000]
+    for q in problems:
+        for act in (0, 1):
+            outcome = run_on_cpu(exes[v.name], q, act, seed=q.length % 7, tmp=tmp)
+            assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
