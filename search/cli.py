@@ -49,6 +49,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     f"replaced, the variant recorded as a timeout (default {RUN_TIMEOUT_S:g})")
     ap.add_argument("--runs-dir", type=cli.directory, default=ROOT / "runs")
     ap.add_argument("--out", type=cli.directory, default=ROOT / "generated", help="where the frozen module goes")
+    ap.add_argument("--seeds-from", type=cli.directory, default=None,
+                    help="a frozen module whose winners each study asks first (default: --out's own). Give a copy "
+                    "of generated/ made before a change to the templates: a first tune's freeze drops the other "
+                    "direction's stale entries, and with them the designs a second tune would ask first")
     ap.add_argument("--no-freeze", action="store_true", help="search and report, leave generated/ alone")
     ap.add_argument("--dry-run", action="store_true", help="render and nvcc-compile the space; no GPU needed")
     ap.add_argument("--arch", type=cli.arch, default="sm_90",
@@ -178,7 +182,7 @@ def main(argv: list[str]) -> int:
                                jobs=a.jobs, quiet=a.quiet, log=log,
                                report=lambda ws: rows.extend(winner_row(w, frozen=not a.no_freeze) for w in ws),
                                workers=a.workers, compile_timeout_s=a.compile_timeout,
-                               run_timeout_s=a.run_timeout, direction=a.direction)
+                               run_timeout_s=a.run_timeout, direction=a.direction, seeds_from=a.seeds_from)
     except (workflow.UserError, ToolchainError) as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 1

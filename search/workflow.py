@@ -214,9 +214,11 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
          storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print,
          quiet: bool = False, report: Callable[[list[frz.Winner]], None] | None = None, workers: int = 1,
          compile_timeout_s: float = builder.COMPILE_TIMEOUT_S, run_timeout_s: float = RUN_TIMEOUT_S,
-         direction: str = "fwd") -> int:
+         direction: str = "fwd", seeds_from: Path | None = None) -> int:
     """Tune each problem's kernels of a direction (fwd, or bwd: the fused backward) and freeze the winners
     beside what generated/ holds; 0 when every problem found a winner.
+
+    Each study first asks the design frozen for its problem in `seeds_from` (default out_dir), stale or not.
 
     `quiet` hides the progress bar; `report`, when given, receives the winners at the end (for --json).
     `workers` > 1 searches with one process per visible GPU on each problem's study."""
@@ -243,7 +245,7 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
         raise UserError(str(e)) from e
     winners: list[frz.Winner] = []
     for p in problems:
-        previous = previous_config(p, out_dir, direction)
+        previous = previous_config(p, seeds_from or out_dir, direction)
         plan = Plan(p, storage, trials, sampler, seed, str(runs_dir), timeout_s, jobs, compile_timeout_s,
                     run_timeout_s, direction) if gpus else None
         w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=opened,

@@ -129,3 +129,24 @@ def test_activation_beside_a_suite_is_refused(tmp_path):
     out = run("--suite", str(suite), "--activation", "silu", "--runs-dir", str(tmp_path))
     assert out.returncode == 2 and out.stderr.splitlines() == [
         "tune.py: --activation does nothing with --suite: write it on the suite file's lines"]
+
+
+def test_seeds_from_names_the_folder_whose_winners_are_asked_first(tmp_path, monkeypatch):
+    from search import cli as search_cli
+    from search import workflow
+
+    seen = {}
+
+    def fake_tune(problems, **kw):
+        seen.update(kw)
+        return 0
+
+    monkeypatch.setattr(workflow, "tune", fake_tune)
+    old = tmp_path / "before-the-change"
+    old.mkdir()
+    assert search_cli.main(["--shape", "2x4x64", "--seeds-from", str(old), "--runs-dir", str(tmp_path)]) == 0
+    assert seen["seeds_from"] == old
+    assert search_cli.main(["--shape", "2x4x64", "--runs-dir", str(tmp_path)]) == 0
+    assert seen["seeds_from"] is None  # generated/ itself
+    (tmp_path / "a-file").write_text("")
+    assert run("--shape", "2x4x64", "--seeds-from", str(tmp_path / "a-file")).returncode == 2
