@@ -18,6 +18,9 @@
 #   bwdtests  the backward tuning's GPU tests (sampled backward variants through the worker, a small tune
 #           frozen into a copy of generated/ and dispatched)
 #   SUITE_WORKERS=N makes the suite step search with one worker process per GPU (tune.py --workers N)
+#   SUITE_TRIALS=N and BWD_TRIALS=N set the trials a problem of suite and suitebwd (BWD_TRIALS defaults to
+#   SUITE_TRIALS); SEEDS=snapshot copies generated/ before the first step and has both tunes ask its winners
+#   first (tune.py --seeds-from): a re-tune of both directions after a template change
 #   build   the first build of generated/, timed
 #   tcself  scripts/tc_selftest.py: the tensor-core forward against float64 on edge problems, then timed
 #   host    scripts/probe-host.py: µs of CPU per call, dwgen beside F.conv1d (1x768x512)
@@ -32,6 +35,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
 fi
+SEED_ARGS=()
+if [ "${SEEDS:-}" = snapshot ]; then
+  rm -rf /tmp/dwgen-seeds && cp -r generated /tmp/dwgen-seeds && SEED_ARGS=(--seeds-from /tmp/dwgen-seeds)
+fi
 timed() { local name=$1; shift; local t0; t0=$(date +%s); timeout "${STEP_TIMEOUT:-3600}" "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
   echo "$name: rc $rc, $(( $(date +%s) - t0 )) s wall" | tee -a "$OUT/summary.log"; return "$rc"; }
@@ -44,9 +51,9 @@ for step in "$@"; do
     generic) timed generic python3 -m search.generic ${GENERIC_ARGS:-} ;;
     gate) timed gate python3 -m dwgen.gate ;;
     suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} \
-             ${SUITE_WORKERS:+--workers $SUITE_WORKERS} ;;
-    suitebwd) timed suitebwd python3 tune.py --suite benchmarks/suite.txt --direction bwd \
-               ${SUITE_TRIALS:+--trials $SUITE_TRIALS} ${SUITE_WORKERS:+--workers $SUITE_WORKERS} ;;
+             ${SUITE_WORKERS:+--workers $SUITE_WORKERS} "${SEED_ARGS[@]}" ;;
+    suitebwd) BT=${BWD_TRIALS:-${SUITE_TRIALS:-}}; timed suitebwd python3 tune.py --suite benchmarks/suite.txt --direction bwd \
+               ${BT:+--trials $BT} ${SUITE_WORKERS:+--workers $SUITE_WORKERS} "${SEED_ARGS[@]}" ;;
     bench) timed bench python3 -m dwgen.bench ${BENCH_ONLY:+--only "$BENCH_ONLY"} ;;
     exhaustive) timed exhaustive python3 tune.py --shape 32x512x8192 --sampler grid --trials 100000 \
                   --storage memory --no-freeze ;;
