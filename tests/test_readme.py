@@ -26,13 +26,6 @@ def test_results_table_matches_committed_results():
                 assert f"{r['ms']:.4f} ({r['x_copy']:.2f}x" in md, r
 
 
-# Suite problems added since the committed bench (Mamba's causal SiLU conv, tunable since causal padding and
-# SiLU became Problem fields): they get benched on the GPU host later. Remove this set, and its use below,
-# once benchmarks/results.json has their rows.
-NOT_YET_BENCHED = {"8x4096x2048_k4_s1_p3_d1_bf16_bcl_nobias_pr0_silu",
-                   "8x4096x2048_k4_s1_p3_d1_bf16_blc_nobias_pr0_silu"}
-
-
 def test_results_cover_every_suite_problem_and_contender():
     from dwgen.bench.contenders import CONTENDERS
     from dwgen.suite import read_suite
@@ -40,8 +33,6 @@ def test_results_cover_every_suite_problem_and_contender():
     results = json.loads((ROOT / "benchmarks" / "results.json").read_text())
     for stem in ("suite", "untuned"):
         keys = {p.key for p in read_suite(ROOT / "benchmarks" / f"{stem}.txt")}
-        assert stem != "suite" or NOT_YET_BENCHED <= keys, "a key of NOT_YET_BENCHED is no longer in the suite"
-        keys -= NOT_YET_BENCHED
         rows = results["suites"][stem]
         assert {r["problem"] for r in rows} == keys
         for key in keys:

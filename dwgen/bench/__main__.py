@@ -76,7 +76,10 @@ def measure(p: Problem, names: list[str]) -> list[dict]:
 def cell(r: dict) -> str:
     if r.get("ms") is None:
         return "n/a"
-    flag = "" if r["correct"] else " WRONG"
+    flag = ""
+    if not r["correct"]:
+        err = r.get("max_rel_error")
+        flag = f" ‡ {err:.1e}" if isinstance(err, float) else " ‡"
     if r.get("timing", "").startswith("plain ("):
         flag += " †"
     spread = f", {r['x_copy_p10']:.2f}-{r['x_copy_p90']:.2f}" if r.get("x_copy_p10") else ""
@@ -89,7 +92,9 @@ def markdown(results: dict) -> str:
              "by `python -m dwgen.bench`. Each cell: median ms (x copy_ of the same bytes, then the 10th-90th "
              "percentile of that ratio over the rounds, timed interleaved in the same process). Problems "
              "whose data fit in L2 (marked graph) are timed as CUDA-graph replays, so their cells are GPU "
-             "time; † marks a call that could not be captured. Then PyTorch eager's "
+             "time; † marks a call that could not be captured; ‡ a result outside the dtype's tolerance against "
+             "float64, with its largest relative error (PyTorch's 16-bit SiLU rows land there: it rounds the "
+             "convolution to 16 bits before SiLU, twice in all). Then PyTorch eager's "
              "time over dwgen's, and the host time of one plain call (µs of CPU to issue it; it is hidden when "
              "the GPU is busy, and it is what a short problem costs outside a graph).", ""]
     if any(r.get("direction", "fwd") != "fwd" for rows in results["suites"].values() for r in rows):
