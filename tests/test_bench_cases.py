@@ -220,3 +220,12 @@ def test_training_measure_assembles_rows_of_every_direction(monkeypatch):
     assert got["fwd", "pytorch"]["correct"] and got["fwd+bwd", "dwgen"]["correct"]
     wrong = got["bwd", "torch.compile"]
     assert not wrong["correct"] and "y misses float64" in wrong["error"] and wrong["ms"] == pytest.approx(18.0)
+
+
+def test_a_cell_outside_tolerance_shows_its_error_and_never_passes_quietly():
+    from dwgen.bench.__main__ import cell
+
+    ok = {"ms": 0.5, "x_copy": 1.25, "x_copy_p10": 1.2, "x_copy_p90": 1.3, "correct": True}
+    assert cell(ok) == "0.5000 (1.25x, 1.20-1.30)"
+    assert cell({**ok, "correct": False, "max_rel_error": 0.0069}) == "0.5000 (1.25x, 1.20-1.30) ‡ 6.9e-03"
+    assert cell({**ok, "correct": False}).endswith(" ‡")  # a crash or mismatch without an error figure
