@@ -179,6 +179,8 @@ CASES = [
     (Problem(2, 3, 600, 1, 1, 0, 1, "bf16"), Config(threads=128, outs=4, stage="raw")),
     (Problem(1, 2, 1500, 31, 1, 15, 1, "fp16"), Config(threads=128, outs=8, stage="raw")),
     (Problem(1, 2, 1500, 31, 1, 15, 1, "fp32"), Config(threads=128, outs=8)),
+    (Problem(1, 2, 1500, 9, 1, 4, 1, "fp32"), Config(threads=128, outs=8)),
+    (Problem(1, 2, 1500, 15, 1, 7, 1, "bf16"), Config(threads=128, outs=8, stage="raw")),
 ]
 
 
