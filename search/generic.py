@@ -47,13 +47,18 @@ def training_problems(k: int, dtype: str, layout: str) -> list[Problem]:
             Problem(2, 2048, 12289, k, 1, k // 2, dtype=dtype, bias=True, layout=layout)]
 
 
+def candidate_variants(k: int, dtype: str, layout: str) -> list[Variant]:
+    """The candidates valid for this (dtype, layout, K), as variants of its generic stand-in problem."""
+    stand_in = generic_problem(k, dtype, layout)
+    return [Variant(stand_in, c) for c in candidates(dtype, layout) if not violations(stand_in, c)]
+
+
 def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) -> dict:
     """Measure every candidate on each training shape; return the winner's record."""
     from dwgen.worker import GpuWorker
     from search.loop import check_each
 
-    stand_in = generic_problem(k, dtype, layout)
-    variants = [Variant(stand_in, c) for c in candidates(dtype, layout) if not violations(stand_in, c)]
+    variants = candidate_variants(k, dtype, layout)
     builds = build(variants)
     scores: dict[str, list[float]] = {v.name: [] for v in variants}
     shapes = []
@@ -76,7 +81,7 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) 
         for name in list(scores):
             scores[name].append(times[name] / times["copy_"])
     if not scores:
-        raise RuntimeError(f"no generic candidate passed its check for {generic_key(stand_in)}")
+        raise RuntimeError(f"no generic candidate passed its check for {generic_key(generic_problem(k, dtype, layout))}")
     geo = {n: math.exp(sum(map(math.log, xs)) / len(xs)) for n, xs in scores.items()}
     for n in sorted(geo, key=geo.get):
         log(f"  {n:44s} " + " ".join(f"{x:.3f}" for x in scores[n]) + f"  geomean {geo[n]:.3f}x copy")
@@ -89,10 +94,9 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) 
 def record_path(runs: Path, k: int, dtype: str, layout: str) -> Path:
     """Where one (dtype, layout, K)'s measured choice is kept, named by the digests of the candidates it
     weighed: a changed template or candidate list names a new file, so an old measurement is never reused."""
-    stand_in = generic_problem(k, dtype, layout)
-    digests = sorted(Variant(stand_in, c).digest for c in candidates(dtype, layout) if not violations(stand_in, c))
+    digests = sorted(v.digest for v in candidate_variants(k, dtype, layout))
     tag = hashlib.sha256(json.dumps([digests, [p.key for p in training_problems(k, dtype, layout)]]).encode())
-    return runs / "generic" / f"{generic_key(stand_in)}-{tag.hexdigest()[:12]}.json"
+    return runs / "generic" / f"{generic_key(generic_problem(k, dtype, layout))}-{tag.hexdigest()[:12]}.json"
 
 
 def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=print) -> dict:

@@ -3,16 +3,15 @@ import pytest
 
 from dwgen.dtypes import DTYPES
 from dwgen.problem import LAYOUTS
-from dwgen.space import GENERIC_KERNEL_SIZES, Variant, generic_problem, violations
-from search.generic import candidates
+from dwgen.space import GENERIC_KERNEL_SIZES
+from search.generic import candidate_variants, candidates
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_candidates_are_valid_and_distinct(dtype, layout):
     for k in GENERIC_KERNEL_SIZES:
-        p = generic_problem(k, dtype, layout)
-        names = [Variant(p, c).name for c in candidates(dtype, layout) if not violations(p, c)]
+        names = [v.name for v in candidate_variants(k, dtype, layout)]
         assert len(names) >= 3, f"{dtype} {layout} K{k}: only {names}"
         assert len(set(names)) == len(names), names
 
