@@ -81,7 +81,8 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) 
         for name in list(scores):
             scores[name].append(times[name] / times["copy_"])
     if not scores:
-        raise RuntimeError(f"no generic candidate passed its check for {generic_key(generic_problem(k, dtype, layout))}")
+        key = generic_key(generic_problem(k, dtype, layout))
+        raise RuntimeError(f"no generic candidate passed its check for {key}")
     geo = {n: math.exp(sum(map(math.log, xs)) / len(xs)) for n, xs in scores.items()}
     for n in sorted(geo, key=geo.get):
         log(f"  {n:44s} " + " ".join(f"{x:.3f}" for x in scores[n]) + f"  geomean {geo[n]:.3f}x copy")
