@@ -29,6 +29,11 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
+def causal_padding(kernel_size: int, dilation: int) -> int:
+    """The left padding of a causal conv: every output sees its own position and the K-1 dilated ones before."""
+    return dilation * (kernel_size - 1)
+
+
 def conv_out_length(length: int, kernel_size: int, stride: int, padding: int, dilation: int,
                     padding_right: int | None = None) -> int:
     """Output length exactly as torch computes it for Conv1d (padding on both sides unless padding_right says
@@ -109,7 +114,7 @@ class Problem:
     def causal(self) -> bool:
         """dilation*(K-1) on the left, nothing on the right: output length L, each output sees no later input.
         (K = 1 pads nothing either way, which is symmetric too.)"""
-        return self.padding == self.dilation * (self.kernel_size - 1) and self.padding_right == 0
+        return self.padding == causal_padding(self.kernel_size, self.dilation) and self.padding_right == 0
 
     @property
     def paddings(self) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dwgen.problem import Problem, ProblemError
+from dwgen.problem import Problem, ProblemError, causal_padding
 from dwgen.suite import DILATIONS, KERNEL_SIZES, STRIDES
 
 _DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
@@ -70,14 +70,14 @@ def problem_of(x, weight, bias, stride, padding, dilation, groups: int | None = 
     if activation is not None and activation != "silu":
         return f"activation {activation!r}: dwgen fuses none or 'silu'"
     right = None  # the same as the left
+    total = causal_padding(k, dilation if isinstance(dilation, int) else 1)  # (K-1)*dilation, padded in all
     if padding == "valid":
         padding = 0
     elif padding == "causal":
-        padding, right = (k - 1) * (dilation if isinstance(dilation, int) else 1), 0
+        padding, right = total, 0
     elif padding == "same":
-        # torch pads (K-1)*dilation in all, split evenly when it can; an odd total pads one side more,
-        # which tune.py's --padding (an int, 'same' for odd K, or 'causal') does not describe
-        total = (k - 1) * (dilation if isinstance(dilation, int) else 1)
+        # torch splits the total evenly when it can; an odd total pads one side more, which tune.py's
+        # --padding (an int, 'same' for odd K, or 'causal') does not describe
         if total % 2:
             return (f"padding 'same' with an odd total padding ({total}): tune.py takes symmetric or causal "
                     "padding only")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dwgen import cli
-from dwgen.problem import ACTIVATIONS, KNOWN_DTYPES, LAYOUTS, Problem, ProblemError
+from dwgen.problem import ACTIVATIONS, KNOWN_DTYPES, LAYOUTS, Problem, ProblemError, causal_padding
 
 # What dwgen's kernels are written for; beyond these a tune has nothing to build (K and dilation make the
 # register window, stride the load pattern).
@@ -47,7 +47,7 @@ def problem_from_args(a: argparse.Namespace) -> Problem:
     if isinstance(a.padding, int):
         padding = a.padding
     elif a.padding == "causal":
-        padding, right = a.dilation * (a.kernel_size - 1), 0
+        padding, right = causal_padding(a.kernel_size, a.dilation), 0
     else:  # 'same' (odd K), or no --padding
         padding = (a.kernel_size - 1) // 2 * a.dilation
     return Problem.from_shape(a.shape, kernel_size=a.kernel_size, stride=a.stride, padding=padding,
