@@ -52,7 +52,7 @@ def main() -> None:
         "F.conv1d": lambda: F.conv1d(x, w, None, 1, pad, 1, c),
         "dwgen plain call": lambda: generated.depthwise_conv1d(x, w, None, 1, pad),
         "torch.ops.dwgen (.default)": lambda: op(x, w, None, 1, pad, pad, 1, 0),
-        "C++ forward via pybind alone": lambda: direct(x, w, None, 1, pad, pad, 1, 0),
+        "C++ forward, direct binding": lambda: direct(x, w, None, 1, pad, pad, 1, 0),
         "x.new_empty (the output alone)": lambda: x.new_empty(x.shape),
         "dwgen causal": lambda: generated.depthwise_conv1d(x, w, None, 1, "causal"),
         "F.conv1d, grad": lambda: F.conv1d(xg, wp, None, 1, pad, 1, c),

@@ -23,6 +23,20 @@ try:
 except ValueError as e:
     assert str(e).startswith("dwgen: weight must have shape (8, 1, K)") and "\n" not in str(e), str(e)
 
+# The direct binding reads its arguments by hand: a wrong type is a TypeError the Python side explains.
+for bad in ((x, w, None, 1.5, 1, 1, 1, 0), (x, w, None, True, 1, 1, 1, 0), (x, "w", None, 1, 1, 1, 1, 0),
+            (x, w, None, 1, 1, 1, 1), (x, w, None, 1, 1, 1, 1, 2**70)):
+    try:
+        ext.forward(*bad)
+        raise AssertionError(f"forward{bad!r} was accepted")
+    except TypeError as e:
+        assert str(e).startswith("forward(x, weight, bias, stride"), str(e)
+try:
+    generated.depthwise_conv1d(x, w, None, True, 1)
+    raise AssertionError("stride=True was accepted")
+except ValueError as e:
+    assert str(e) == "dwgen: stride must be an int >= 1, got True", str(e)
+
 with FakeTensorMode() as mode:
     xb = mode.from_tensor(torch.randn(2, 8, 100))
     xl = mode.from_tensor(torch.randn(2, 100, 8)).transpose(1, 2)
