@@ -176,6 +176,15 @@ CASES = [
     (Problem(1, 2, 4000, 7, 1, 3, 1, "fp16"), Config(threads=256, outs=8, stage="raw")),
     (Problem(1, 2, 4000, 3, 1, 2, 1, "fp16"), Config(threads=128, outs=16, stage="raw")),
     (Problem(2, 32, 999, 4, 1, 3, 1, "bf16", layout="blc"), Config(threads=256, outs=8, tc=32)),
+    # (B, L, C): Mamba's causal design (SiLU in registers, the whole-window fetch and whole-run stores), the
+    # last tile's grad_out tail through SiLU (L a multiple of the tile), 64 and 16 channels a block, fp32;
+    # channel tiles past C (the per-vector fetch) come from the edge problems
+    (Problem(2, 64, 999, 4, 1, 3, 1, "bf16", layout="blc", padding_right=0), Config(threads=256, outs=16, tc=32)),
+    # the last tile's tail in fp32: its 3 terms of 1027 would hide under bf16's tolerance
+    (Problem(1, 32, 1024, 4, 1, 3, 1, "fp32", layout="blc"), Config(threads=256, outs=16, tc=32)),
+    (Problem(1, 128, 999, 4, 1, 3, 1, "fp16", layout="blc", padding_right=0), Config(threads=256, outs=16, tc=64)),
+    (Problem(2, 16, 999, 3, 1, 1, 2, "bf16", layout="blc"), Config(threads=128, outs=8, tc=16)),
+    (Problem(2, 32, 999, 4, 1, 3, 1, "fp32", layout="blc", padding_right=0), Config(threads=256, outs=16, tc=32)),
     # the weight sums' reduce-scatter over 2 and over 32 sums (K1, K31)
     (Problem(2, 3, 600, 1, 1, 0, 1, "bf16"), Config(threads=128, outs=4, stage="raw")),
     (Problem(1, 2, 1500, 31, 1, 15, 1, "fp16"), Config(threads=128, outs=8, stage="raw")),

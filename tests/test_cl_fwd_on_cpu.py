@@ -1,0 +1,142 @@
+"""The (B, L, C) forward's own source (templates/dw1d_cl.cu.j2), run on the CPU through its launch function
+(tests/cuda_on_cpu.h: a block's threads as fibers) and checked against float64: the kernel's index, window,
+tail and padding logic, for machines without a GPU. It says nothing of speed, and the CPU build takes the
+portable SiLU spelling (the device one differs only in ex2's flush of results below 2^-126)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dwgen.check import compare, make_inputs, reference
+from dwgen.dtypes import DTYPES
+from dwgen.families.blc import Config
+from dwgen.problem import Problem
+from dwgen.render import render_variant
+from dwgen.space import Variant, violations
+
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+
+static void* slurp(FILE* f, long long bytes) {
+    void* p = std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64 + 64));
+    if (bytes > 0 && std::fread(p, 1, static_cast<size_t>(bytes), f) != static_cast<size_t>(bytes)) std::exit(3);
+    return p;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 11) return 2;
+    const long long B = std::atoll(argv[3]), C = std::atoll(argv[4]), L = std::atoll(argv[5]),
+                    Lout = std::atoll(argv[6]), P = std::atoll(argv[7]), act = std::atoll(argv[8]),
+                    bias = std::atoll(argv[9]), K = std::atoll(argv[10]);
+    const long long e = sizeof({{ storage }});
+    FILE* in = std::fopen(argv[1], "rb");
+    void* x = slurp(in, B * C * L * e);
+    void* w = slurp(in, C * K * e);
+    void* b = bias ? slurp(in, C * e) : nullptr;
+    std::fclose(in);
+    const long long ny = B * C * Lout * e;
+    unsigned char* y = static_cast<unsigned char*>(std::aligned_alloc(64, static_cast<size_t>((ny + 63) / 64 * 64)));
+    for (long long i = 0; i < ny; ++i) y[i] = 0xff;  // NaN in every float type: an unwritten output fails
+    const int rc = CAT(dwgen_launch_, NAME)(x, w, b, y, B, C, L, Lout, P, act, nullptr);
+    if (rc != 0) return 10 + rc;
+    FILE* out = std::fopen(argv[2], "wb");
+    std::fwrite(y, 1, static_cast<size_t>(ny), out);
+    std::fclose(out);
+    return 0;
+}
+"""
+
+
+def cpu_source(v: Variant) -> str:
+    src = render_variant(v)
+    src = re.sub(r"#include <cuda[^>]*>\n", "", src)
+    src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
+    return '#include "cuda_on_cpu.h"\n' + src + MAIN.replace("{{ storage }}", DTYPES[v.problem.dtype].storage)
+
+
+def build(v: Variant, tmp: Path) -> Path:
+    src, exe = tmp / f"{v.name}.cpp", tmp / v.name
+    src.write_text(cpu_source(v))
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
+                           f"-DNAME={v.name}", "-o", str(exe), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return exe
+
+
+def raw(t) -> bytes:
+    import torch
+
+    t = t.contiguous()
+    return (t.view(torch.int16) if t.element_size() == 2 else t).numpy().tobytes()
+
+
+def run_on_cpu(exe: Path, p: Problem, seed: int, tmp: Path):
+    """The kernel's output for the check's inputs of seed (y as (B, C, Lout), a view of (B, Lout, C) memory),
+    and the outcome of the float64 check."""
+    import torch
+
+    x, w, b = make_inputs(p, seed, "cpu")  # x is (B, C, L) viewing (B, L, C) memory
+    blob = raw(x.transpose(1, 2)) + raw(w) + (raw(b) if b is not None else b"")
+    inp, out = tmp / f"{exe.name}.{p.key}.in", tmp / f"{exe.name}.{p.key}.out"
+    inp.write_bytes(blob)
+    act = int(p.activation == "silu")
+    args = [exe, inp, out, p.batch, p.channels, p.length, p.out_length, p.padding, act, int(b is not None),
+            p.kernel_size]
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{p.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
+    data = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8).view(x.dtype)
+    y = data.view(p.batch, p.out_length, p.channels).transpose(1, 2)
+    ref, scale = reference(p, x, w, b)
+    return y, compare(p, y, ref, scale)
+
+
+def blc(b, c, n, k, s, pad, d, dtype, **kw) -> Problem:
+    return Problem(b, c, n, k, s, pad, d, dtype, layout="blc", **kw)
+
+
+# The suite's tuned designs and the generic ones at their problems (Mamba's P3 and causal SiLU, odd output
+# lengths), and the template's other paths: stride, dilation, 1- and 2-element vectors (bf16's word unpack
+# needs V >= 2), fp32, a window with no overlap (KEEP = 0), one step a thread.
+CASES = [
+    (blc(1, 64, 300, 4, 1, 3, 1, "bf16"), Config(threads=128, vec=4, outs=4, steps=4, cthreads=32)),
+    (blc(1, 512, 300, 4, 1, 3, 1, "bf16", padding_right=0, activation="silu"),
+     Config(threads=128, vec=8, outs=4, steps=16, cthreads=64)),
+    (blc(2, 24, 301, 5, 1, 2, 1, "fp16"), Config(threads=128, vec=4, outs=8, steps=4, cthreads=32)),
+    (blc(2, 32, 207, 3, 1, 1, 1, "bf16", activation="silu"), Config(threads=64, vec=4, outs=4, steps=1, cthreads=32)),
+    (blc(2, 16, 257, 3, 2, 1, 1, "bf16"), Config(threads=64, vec=2, outs=2, steps=4, cthreads=8)),
+    (blc(2, 8, 199, 5, 1, 4, 2, "fp16", activation="silu"), Config(threads=64, vec=1, outs=4, steps=4, cthreads=8)),
+    (blc(2, 12, 131, 4, 1, 3, 1, "fp32", padding_right=0, activation="silu"),
+     Config(threads=64, vec=2, outs=8, steps=4, cthreads=16)),
+    (blc(1, 16, 97, 2, 3, 1, 1, "bf16"), Config(threads=64, vec=4, outs=1, steps=16, cthreads=16)),
+]
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cl_fwd_cpu")
+    vs = [Variant(p, c) for p, c in CASES]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return {v.name: exe for v, exe in zip(vs, pool.map(lambda v: build(v, tmp), vs), strict=True)}, tmp
+
+
+@pytest.mark.parametrize("p,c", CASES, ids=[Variant(p, c).name for p, c in CASES])
+def test_matches_float64_on_cpu(binaries, p, c):
+    exes, tmp = binaries
+    v = Variant(p, c)
+    assert not violations(p, c, "fwd")
+    problems = [p, replace(p, bias=not p.bias)] + [q for q in v.edge_problems() if q.length <= 5000]
+    for q in problems:
+        _, outcome = run_on_cpu(exes[v.name], q, seed=q.length % 7, tmp=tmp)
+        assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
