@@ -3,7 +3,6 @@ through its launch function and checked against float64: the kernel's index and 
 machines without a GPU. It says nothing of speed or of the device's memory model."""
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -13,32 +12,17 @@ from pathlib import Path
 import pytest
 
 from dwgen.check import backward_reference, compare, grad_output, make_inputs
-from dwgen.dtypes import DTYPES
 from dwgen.families.bwd import Config
 from dwgen.problem import Problem
-from dwgen.render import render_variant
 from dwgen.space import Variant, violations
+from tests.cuda_on_cpu import build, raw
 
-HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 MAIN = r"""
-#include <cstdio>
-#include <cstdlib>
-#define CAT2(a, b) a##b
-#define CAT(a, b) CAT2(a, b)
-
-static void* slurp(FILE* f, long long bytes) {
-    void* p = std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64 + 64));
-    if (bytes > 0 && std::fread(p, 1, static_cast<size_t>(bytes), f) != static_cast<size_t>(bytes)) std::exit(3);
-    return p;
-}
-
 int main(int argc, char** argv) {
     if (argc != 11) return 2;
-    const long long B = std::atoll(argv[3]), C = std::atoll(argv[4]), L = std::atoll(argv[5]),
-                    Lout = std::atoll(argv[6]), P = std::atoll(argv[7]), act = std::atoll(argv[8]),
-                    bias = std::atoll(argv[9]), K = std::atoll(argv[10]);
+    const auto [B, C, L, Lout, P, act, bias, K] = sizes(argv);
     const long long e = sizeof({{ storage }});
     FILE* in = std::fopen(argv[1], "rb");
     void* x = slurp(in, B * C * L * e);
@@ -62,29 +46,6 @@ int main(int argc, char** argv) {
 }
 """
 
-
-def cpu_source(v: Variant) -> str:
-    """The variant's source with its launches made calls of emu::launch, and a main that runs it on files."""
-    src = render_variant(v)
-    src = re.sub(r"#include <cuda[^>]*>\n", "", src)
-    src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
-    return '#include "cuda_on_cpu.h"\n' + src + MAIN.replace("{{ storage }}", DTYPES[v.problem.dtype].storage)
-
-
-def build(v: Variant, tmp: Path) -> Path:
-    src, exe = tmp / f"{v.name}.cpp", tmp / v.name
-    src.write_text(cpu_source(v))
-    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
-                           f"-DNAME={v.name}", "-o", str(exe), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return exe
-
-
-def raw(t) -> bytes:
-    import torch
-
-    t = t.contiguous()
-    return (t.view(torch.int16) if t.element_size() == 2 else t).numpy().tobytes()
 
 
 def reference(p: Problem, x, w, b, gy, act: int):
@@ -199,7 +160,7 @@ def binaries(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bwd_cpu")
     vs = [Variant(p, c, "bwd") for p, c in CASES]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return {v.name: exe for v, exe in zip(vs, pool.map(lambda v: build(v, tmp), vs), strict=True)}, tmp
+        return {v.name: exe for v, exe in zip(vs, pool.map(lambda v: build(v, tmp, MAIN), vs), strict=True)}, tmp
 
 
 @pytest.mark.parametrize("p,c", CASES, ids=[Variant(p, c, "bwd").name for p, c in CASES])

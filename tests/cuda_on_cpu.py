@@ -1,0 +1,65 @@
+"""Running a rendered variant's own source on the CPU: its launches become calls of emu::launch
+(tests/cuda_on_cpu.h runs a block's threads as fibers), and a test's main() reads inputs from a file and writes
+the outputs to another. Shared by the CPU tests of the backward and of the (B, L, C) forward."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from dwgen.dtypes import DTYPES
+from dwgen.render import render_variant
+from dwgen.space import Variant
+
+HERE = Path(__file__).resolve().parent
+
+# Ahead of a test's main(): CAT(dwgen_launch_, NAME) names the launch function, slurp reads an input,
+# sizes the problem's numbers from the command line.
+PRELUDE = r"""
+#include <cstdio>
+#include <cstdlib>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+
+static void* slurp(FILE* f, long long bytes) {
+    void* p = std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64 + 64));
+    if (bytes > 0 && std::fread(p, 1, static_cast<size_t>(bytes), f) != static_cast<size_t>(bytes)) std::exit(3);
+    return p;
+}
+
+// argv: input file, output file, then B, C, L, Lout, P, act, bias, K
+struct Sizes {
+    long long B, C, L, Lout, P, act, bias, K;
+};
+static Sizes sizes(char** argv) {
+    long long v[8];
+    for (int i = 0; i < 8; ++i) v[i] = std::atoll(argv[3 + i]);
+    return {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+}
+"""
+
+
+def cpu_source(v: Variant, main: str) -> str:
+    """The variant's source with its launches made calls of emu::launch, then PRELUDE and main ({{ storage }}:
+    x's type)."""
+    src = render_variant(v)
+    src = re.sub(r"#include <cuda[^>]*>\n", "", src)
+    src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
+    return '#include "cuda_on_cpu.h"\n' + src + PRELUDE + main.replace("{{ storage }}", DTYPES[v.problem.dtype].storage)
+
+
+def build(v: Variant, tmp: Path, main: str) -> Path:
+    src, exe = tmp / f"{v.name}.cpp", tmp / v.name
+    src.write_text(cpu_source(v, main))
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
+                           f"-DNAME={v.name}", "-o", str(exe), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return exe
+
+
+def raw(t) -> bytes:
+    """A tensor's bytes in its logical order (16-bit types as int16, which numpy can hold)."""
+    import torch
+
+    t = t.contiguous()
+    return (t.view(torch.int16) if t.element_size() == 2 else t).numpy().tobytes()
