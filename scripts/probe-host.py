@@ -1,7 +1,8 @@
 """Host time of one call (µs of CPU to issue it) on a small problem, dwgen beside F.conv1d in one process.
 
 A quick look for the GPU host, not the bench: python scripts/probe-host.py [--shape 1x768x512] [--k 3]
-Each figure is the median of 9 rounds of 200 calls, with its 10th-90th percentile spread.
+Each figure is the median of 9 rounds of 200 calls, with its 10th-90th percentile spread; the rows take
+turns within each round.
 """
 from __future__ import annotations
 
@@ -18,19 +19,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import generated  # noqa: E402
 
 
-def host_us(fn, calls: int = 200, rounds: int = 9) -> tuple[float, float, float]:
-    fn()
+def host_us(rows: dict, calls: int = 200, rounds: int = 9) -> dict[str, tuple[float, float, float]]:
+    """Median and 10th-90th percentile µs per call of each row, the rows interleaved round by round so that a
+    host's drift (other tenants, clocks) lands on all of them alike."""
+    for fn in rows.values():
+        fn()
     torch.cuda.synchronize()
-    out = []
+    samples: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    out.sort()
-    q = statistics.quantiles(out, n=10)
-    return statistics.median(out), q[0], q[-1]
+        for name, fn in rows.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    out = {}
+    for name, s in samples.items():
+        q = statistics.quantiles(sorted(s), n=10)
+        out[name] = (statistics.median(s), q[0], q[-1])
+    return out
 
 
 def main() -> None:
@@ -59,9 +66,8 @@ def main() -> None:
         "dwgen, grad": lambda: generated.depthwise_conv1d(xg, wp, None, 1, pad),
         "layer, grad": lambda: layer(xg),
     }
-    print(f"host µs per call, {a.shape} K{a.k} fp32 (median, p10-p90 over 9 rounds of 200 calls)")
-    for name, fn in rows.items():
-        m, lo, hi = host_us(fn)
+    print(f"host µs per call, {a.shape} K{a.k} fp32 (median, p10-p90 over 9 rounds of 200 calls, rows interleaved)")
+    for name, (m, lo, hi) in host_us(rows).items():
         print(f"{name:30s} {m:7.2f}  ({lo:.2f}-{hi:.2f})")
 
 
