@@ -839,32 +839,56 @@ bool int_argument(PyObject* o, int64_t& v) {
     return true;
 }
 
-// forward(x, weight, bias, stride, pad_left, pad_right, dilation, activation): forward_cuda for the calls that
-// need no dispatch, read straight from the argument vector. Through pybind11 the argument matching alone cost
-// about 2.1 µs a call more (CPU, measured), more than the C++ work of a small problem. A wrong argument type
-// raises TypeError without the "dwgen:" prefix, so the Python side looks for what is wrong and says it in one
-// line; the C++ checks raise as they do through the op.
-PyObject* forward_fastcall(PyObject*, PyObject* const* args, Py_ssize_t n) {
-    HANDLE_TH_ERRORS
-    int64_t v[5];
+// The op's eight arguments read straight from a METH_FASTCALL argument vector: through pybind11 the argument
+// matching alone cost about 2.1 µs a call more (CPU, measured), more than the C++ work of a small problem, and
+// through torch.ops the boxing about 3-4 µs. A wrong argument type raises TypeError without the "dwgen:" prefix,
+// so the Python side looks for what is wrong and says it in one line.
+struct OpArguments {
+    const at::Tensor* x = nullptr;
+    const at::Tensor* w = nullptr;
+    std::optional<at::Tensor> b;
+    int64_t v[5] = {};  // stride, pad_left, pad_right, dilation, activation
+};
+
+bool read_arguments(PyObject* const* args, Py_ssize_t n, const char* name, OpArguments& a) {
     bool ok = n == 8 && THPVariable_Check(args[0]) && THPVariable_Check(args[1]) &&
               (args[2] == Py_None || THPVariable_Check(args[2]));
-    for (int i = 0; ok && i < 5; ++i) ok = int_argument(args[3 + i], v[i]);
+    for (int i = 0; ok && i < 5; ++i) ok = int_argument(args[3 + i], a.v[i]);
     if (!ok) {
-        PyErr_SetString(PyExc_TypeError, "forward(x, weight, bias, stride, pad_left, pad_right, dilation, activation) "
-                                         "takes three tensors (bias may be None) and five ints");
-        return nullptr;
+        PyErr_Format(PyExc_TypeError, "%s(x, weight, bias, stride, pad_left, pad_right, dilation, activation) "
+                                      "takes three tensors (bias may be None) and five ints", name);
+        return false;
     }
-    const std::optional<at::Tensor> b =
-        args[2] == Py_None ? std::nullopt : std::optional<at::Tensor>(THPVariable_Unpack(args[2]));
-    return THPVariable_Wrap(
-        forward_cuda(THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]), b, v[0], v[1], v[2], v[3], v[4]));
+    a.x = &THPVariable_Unpack(args[0]);
+    a.w = &THPVariable_Unpack(args[1]);
+    if (args[2] != Py_None) a.b = THPVariable_Unpack(args[2]);
+    return true;
+}
+
+// forward(...): forward_cuda itself, for the calls that need no dispatch (no autograd, mode or tracing).
+PyObject* forward_fastcall(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    HANDLE_TH_ERRORS
+    OpArguments a;
+    if (!read_arguments(args, n, "forward", a)) return nullptr;
+    return THPVariable_Wrap(forward_cuda(*a.x, *a.w, a.b, a.v[0], a.v[1], a.v[2], a.v[3], a.v[4]));
+    END_HANDLE_TH_ERRORS
+}
+
+// call_op(...): the registered op through the C++ dispatcher, so autograd, dispatch modes and every device's
+// kernel apply as through torch.ops, without its boxing of the arguments.
+PyObject* call_op_fastcall(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    HANDLE_TH_ERRORS
+    OpArguments a;
+    if (!read_arguments(args, n, "call_op", a)) return nullptr;
+    return THPVariable_Wrap(forward_op().call(*a.x, *a.w, a.b, a.v[0], a.v[1], a.v[2], a.v[3], a.v[4]));
     END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef DIRECT_CALLS[] = {
     {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_fastcall)), METH_FASTCALL,
      "the op's CUDA kernel itself, for calls that need no dispatch"},
+    {"call_op", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op_fastcall)), METH_FASTCALL,
+     "the registered op through the C++ dispatcher (autograd, dispatch modes), without torch.ops's boxing"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -23,14 +23,15 @@ try:
 except ValueError as e:
     assert str(e).startswith("dwgen: weight must have shape (8, 1, K)") and "\n" not in str(e), str(e)
 
-# The direct binding reads its arguments by hand: a wrong type is a TypeError the Python side explains.
-for bad in ((x, w, None, 1.5, 1, 1, 1, 0), (x, w, None, True, 1, 1, 1, 0), (x, "w", None, 1, 1, 1, 1, 0),
-            (x, w, None, 1, 1, 1, 1), (x, w, None, 1, 1, 1, 1, 2**70)):
-    try:
-        ext.forward(*bad)
-        raise AssertionError(f"forward{bad!r} was accepted")
-    except TypeError as e:
-        assert str(e).startswith("forward(x, weight, bias, stride"), str(e)
+# The direct bindings read their arguments by hand: a wrong type is a TypeError the Python side explains.
+for name in ("forward", "call_op"):
+    for bad in ((x, w, None, 1.5, 1, 1, 1, 0), (x, w, None, True, 1, 1, 1, 0), (x, "w", None, 1, 1, 1, 1, 0),
+                (x, w, None, 1, 1, 1, 1), (x, w, None, 1, 1, 1, 1, 2**70)):
+        try:
+            getattr(ext, name)(*bad)
+            raise AssertionError(f"{name}{bad!r} was accepted")
+        except TypeError as e:
+            assert str(e).startswith(f"{name}(x, weight, bias, stride"), str(e)
 try:
     generated.depthwise_conv1d(x, w, None, True, 1)
     raise AssertionError("stride=True was accepted")
@@ -48,9 +49,10 @@ with FakeTensorMode() as mode:
     gx, gw, gb = op_bwd(mode.from_tensor(torch.randn(2, 100, 8)).transpose(1, 2), xl, wf, None, 1, 3, 0, 1, 0)
     assert tuple(gx.shape) == (2, 8, 100) and gx.transpose(1, 2).is_contiguous()
     assert tuple(gw.shape) == (8, 1, 4) and tuple(gb.shape) == (8,)
-# Calls with gradients record the op's autograd node and run its backward; on meta tensors the fake
-# implementations serve the Meta key. The first call of a process takes the checked path, which loads the op
-# (and refuses non-CUDA tensors itself), so the op is loaded first.
+
+# Calls with gradients reach the op through the C++ dispatcher (ext.call_op): on meta tensors (the fake
+# implementations serve the Meta key) that path records the op's autograd node and runs its backward. The
+# first call of a process takes the checked path, which loads the op (and refuses non-CUDA tensors itself).
 generated._load_op()
 xm = torch.randn(2, 8, 100, device="meta", requires_grad=True)
 wm = torch.randn(8, 1, 4, device="meta", requires_grad=True)
@@ -59,4 +61,39 @@ y = generated.depthwise_conv1d(xm, wm, bm, 1, "causal", activation="silu")
 assert tuple(y.shape) == (2, 8, 100) and y.grad_fn is not None and y.grad_fn.name() == "DepthwiseConv1dBackward"
 y.sum().backward()
 assert xm.grad.shape == xm.shape and wm.grad.shape == wm.shape and bm.grad.shape == bm.shape
+
+# A listening TorchDispatchMode sees every call, a plain one included (it used to skip the dispatcher).
+from torch.overrides import TorchFunctionMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+
+class Seen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+xd, wd = xm.detach(), wm.detach()
+with torch.no_grad(), Seen() as seen:
+    y = generated.depthwise_conv1d(xd, wd, None, 1, 3)
+assert tuple(y.shape) == (2, 8, 103) and seen.ops == ["dwgen.depthwise_conv1d.default"], seen.ops
+
+
+class SeenFunctions(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.funcs = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.funcs.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+with torch.no_grad(), SeenFunctions() as seen_functions:
+    generated.depthwise_conv1d(xd, wd, None, 1, 3)
+assert any("dwgen.depthwise_conv1d" in f for f in seen_functions.funcs), seen_functions.funcs
 print("registered")

@@ -69,5 +69,9 @@ def test_builds_with_load_inline(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "registered" in out.stdout
+    # torch compiles C++ without optimisation unless asked, and the launcher's host code is a small call's cost
+    ninja = (tmp_path / "build.ninja").read_text()
+    cflags = next(line for line in ninja.splitlines() if line.startswith("cflags ="))
+    assert " -O3" in cflags, cflags
 
 
