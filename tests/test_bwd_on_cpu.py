@@ -152,6 +152,11 @@ CASES = [
     (Problem(1, 2, 1500, 31, 1, 15, 1, "fp32"), Config(threads=128, outs=8)),
     (Problem(1, 2, 1500, 9, 1, 4, 1, "fp32"), Config(threads=128, outs=8)),
     (Problem(1, 2, 1500, 15, 1, 7, 1, "bf16"), Config(threads=128, outs=8, stage="raw")),
+    # blocks walking several tiles of a row (the last block's share short, the last tile's tail inside it)
+    (Problem(2, 3, 2051, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=8, stage="raw", tiles=4)),
+    (Problem(2, 3, 999, 4, 1, 3, 1, "bf16", padding_right=0), Config(threads=128, outs=4, stage="rawp", tiles=2)),
+    (Problem(2, 3, 2051, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=8, tiles=2)),
+    (Problem(2, 32, 999, 4, 1, 3, 1, "bf16", layout="blc"), Config(threads=256, outs=8, tc=32, tiles=2)),
 ]
 
 

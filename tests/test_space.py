@@ -244,7 +244,7 @@ def raw_window_words(p: Problem, threads, outs, count, run_elems) -> int:
     return max(vec_words * (vectors + 1), (threads * outs - outs) // per_word + vec_words + run_word_count)
 
 
-def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage) -> bool:
+def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles) -> bool:
     """The fused backward family's restrictions restated from first principles."""
     vec = 16 // p.elem_bytes if p.layout == "bcl" else min(16 // p.elem_bytes, tc)
     tile = threads // tc * outs
@@ -264,7 +264,7 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage) -> bool:
     return (p.stride == 1 and (tc == 1 if p.layout == "bcl" else tc >= 16) and threads % tc == 0
             and (stage == "f32" or p.layout == "bcl") and (stage != "rawp" or p.elem_bytes == 2)
             and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024 and run <= 96
-            and tile <= max(p.length, 256))
+            and tile <= max(p.length, 256) and (tiles == 1 or tile * (tiles // 2) < p.length))
 
 
 BWD_PROBLEMS = [Problem(4, 64, 1000), Problem(32, 512, 8192, dtype="bf16"), Problem(2, 8, 999, 5, 1, 4, 2),
@@ -288,10 +288,13 @@ def test_bwd_enumeration_matches_brute_force(p):
 
 def test_bwd_space_of_a_small_problem_by_name():
     # (B, C, L) tiles: one channel a block, threads x outs positions no longer than the row (or 256), each
-    # staged as floats or as stored
+    # staged as floats or as stored; a block walks n tiles only where n / 2 of them would not cover the row
     assert [v.name for v in enumerate_space(Problem(4, 64, 1000), "bwd")] == [
-        "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o4",
-        "dw1d_bwd_f32_k3_t128_o4_raw", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_raw"]
+        "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o2_b2", "dw1d_bwd_f32_k3_t128_o2_b4",
+        "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o2_raw_b2", "dw1d_bwd_f32_k3_t128_o2_raw_b4",
+        "dw1d_bwd_f32_k3_t128_o4", "dw1d_bwd_f32_k3_t128_o4_b2", "dw1d_bwd_f32_k3_t128_o4_raw",
+        "dw1d_bwd_f32_k3_t128_o4_raw_b2", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_b2",
+        "dw1d_bwd_f32_k3_t256_o2_raw", "dw1d_bwd_f32_k3_t256_o2_raw_b2"]
 
 
 def test_bwd_golden_names_and_tokens():
@@ -329,7 +332,7 @@ def test_bwd_violations_name_the_failed_restrictions():
     for p in BWD_PROBLEMS:
         for c in all_bwd_configs():
             bad = violations(p, c, "bwd")
-            assert set(bad) <= names and (not bad) == brute_force_bwd_ok(p, c.threads, c.outs, c.tc, c.stage)
+            assert set(bad) <= names and (not bad) == brute_force_bwd_ok(p, c.threads, c.outs, c.tc, c.stage, c.tiles)
 
 
 def all_bwd_configs():

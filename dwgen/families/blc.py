@@ -133,6 +133,7 @@ def render_context(p: Problem, c: Config) -> dict:
         "steps": c.steps, "tile_channels": t.tile_channels, "tile_length": t.tile_length, "window": t.window,
         "keep": t.keep,
         "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation, "stream": c.stream,
+        "top_half": DTYPES[p.dtype].top_half,
     }
 
 
@@ -157,6 +158,11 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 # The first three measured best on the Mamba shape before the window prefetch (1.64x copy, 2026-11-30).
 KNOWN_GOOD: tuple[Config, ...] = (
+    # the 32-bit-offset body (docs/perf-notes.md): 4 blocks an SM and 2 waves on the Mamba shape (SASS, not
+    # yet measured when added)
+    Config(threads=128, vec=4, outs=8, steps=16, cthreads=64),
+    Config(threads=128, vec=4, outs=4, steps=16, cthreads=64),
+    Config(threads=128, vec=8, outs=2, steps=16, cthreads=64),
     Config(threads=128, vec=8, outs=4, steps=16, cthreads=64),
     Config(threads=64, vec=8, outs=1, steps=16, cthreads=32),
     Config(threads=128, vec=8, outs=2, steps=16, cthreads=8),

@@ -21,6 +21,9 @@ AXES: dict[str, tuple] = {
     # rawp, raw with a 16-bit run's odd parity undone by a byte permute a word rather than by a branch
     # between two widenings (one more instruction a word of an odd window, fewer registers).
     "stage": ("f32", "raw", "rawp"),
+    # Tiles a block walks along its row, the next tile's loads in flight while one is computed; the weights,
+    # set-up and weight-sum reduction paid once a block, one partial slot a block (token b<n>, 1 unnamed).
+    "tiles": (1, 2, 4, 8),
 }
 
 STATIC_SMEM_BYTES = 48 * 1024  # the kernel's windows are static shared arrays
@@ -32,6 +35,7 @@ class Config(AxisConfig):
     outs: int = 8
     tc: int = 1
     stage: str = "f32"
+    tiles: int = 1
 
     AXES = AXES
 
@@ -135,6 +139,12 @@ def tile_fits_length(p: Problem, c: Config) -> bool:
     return Tiling(p, c).tile_length <= max(p.length, 256)
 
 
+def tiles_fit_row(p: Problem, c: Config) -> bool:
+    """Walking n tiles only where half as many would not cover the row: past that, the grid is the same as
+    with fewer tiles a block, and the variant would repeat one already asked."""
+    return c.tiles == 1 or Tiling(p, c).tile_length * (c.tiles // 2) < p.length
+
+
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     stride_one,
     tile_matches_layout,
@@ -145,6 +155,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     fits_static_smem,
     run_fits_registers,
     tile_fits_length,
+    tiles_fit_row,
 )
 
 
@@ -154,14 +165,16 @@ def name_tokens(c: Config) -> list[str]:
         parts.append(f"c{c.tc}")
     if c.stage != "f32":
         parts.append(c.stage)
+    if c.tiles != 1:
+        parts.append(f"b{c.tiles}")
     return parts
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
     fields: dict = {}
     for tok in tokens:
-        if tok[:1] in "toc" and tok[1:].isdigit():
-            fields[{"t": "threads", "o": "outs", "c": "tc"}[tok[0]]] = int(tok[1:])
+        if tok[:1] in "tocb" and tok[1:].isdigit():
+            fields[{"t": "threads", "o": "outs", "c": "tc", "b": "tiles"}[tok[0]]] = int(tok[1:])
         elif tok in AXES["stage"] and tok != "f32":
             fields["stage"] = tok
         else:
@@ -175,6 +188,7 @@ def render_context(p: Problem, c: Config) -> dict:
         "threads": c.threads, "outs": c.outs, "tile_channels": c.tc, "vec": t.vec, "slack": t.slack,
         "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl", "raw": c.stage != "f32",
         "top_half": DTYPES[p.dtype].top_half, "permute": c.stage == "rawp",
+        "tiles": c.tiles,
     }
 
 
@@ -198,6 +212,10 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 
 KNOWN_GOOD: tuple[Config, ...] = (
+    # blocks walking 4 tiles with the next tile's loads in flight (bclbwd, prepared without a GPU: SASS
+    # about 25.7 instructions an output for bf16 K3 o16 rawp against 38 for the o8 winner; not yet measured)
+    Config(threads=128, outs=16, tc=1, stage="rawp", tiles=4),
+    Config(threads=128, outs=8, tc=1, stage="raw", tiles=4),
     # the raw stage first: about half the instructions an output of the f32 stage's tuned designs (SASS,
     # docs/perf-notes.md), not yet measured
     Config(threads=128, outs=16, tc=1, stage="raw"),
