@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -258,10 +259,29 @@ def template_text(name: str) -> str:
     return (TEMPLATE_DIR / name).read_text()
 
 
-def content_digest(payload: dict, templates: tuple[str, ...]) -> str:
-    """sha256 over a JSON payload and the text of the templates it is rendered from."""
-    h = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
+_INCLUDE = re.compile(r'{%-?\s*include\s+"([^"]+)"')
+
+
+def with_includes(templates: tuple[str, ...]) -> list[str]:
+    """The templates and every partial they include, transitively, each once, in the order first met: a
+    change to a partial is a change to every variant rendered through it."""
+    seen: list[str] = []
+
+    def visit(t: str) -> None:
+        if t not in seen:
+            seen.append(t)
+            for inc in _INCLUDE.findall(template_text(t)):
+                visit(inc)
+
     for t in templates:
+        visit(t)
+    return seen
+
+
+def content_digest(payload: dict, templates: tuple[str, ...]) -> str:
+    """sha256 over a JSON payload and the text of the templates it is rendered from, partials included."""
+    h = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
+    for t in with_includes(templates):
         h.update(t.encode())
         h.update(template_text(t).encode())
     return h.hexdigest()

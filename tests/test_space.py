@@ -405,3 +405,16 @@ def test_the_register_cap_is_a_token_and_round_trips():
     assert "__launch_bounds__(64)\n" in render_variant(Variant(p, Config(threads=64, vec=8, outs=2, halo="l1")))
     assert violations(p, Config(threads=64, vec=8, outs=2, walk="row", halo="async", batches=2, cap=True)) == [
         "cap_not_implied"]
+
+
+def test_digest_covers_the_partials_a_template_includes(monkeypatch):
+    from dwgen import space
+
+    assert space.with_includes(("dw1d_cl.cu.j2", space.COMMON_TEMPLATE)) == [
+        "dw1d_cl.cu.j2", "_common.cu.j2", "_silu_ftz.cu.j2"]
+    v = enumerate_space(Problem(2, 16, 300, 4, padding=3, padding_right=0, activation="silu"))[0]
+    before = v.digest
+    text = space.template_text
+    monkeypatch.setattr(space, "template_text",
+                        lambda t: text(t) + ("// edited\n" if t == "_silu_ftz.cu.j2" else ""))
+    assert v.digest != before  # an edit of the partial stales what is rendered through it
