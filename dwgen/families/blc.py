@@ -158,8 +158,8 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 # The first three measured best on the Mamba shape before the window prefetch (1.64x copy, 2026-11-30).
 KNOWN_GOOD: tuple[Config, ...] = (
-    # the 32-bit-offset body (docs/perf-notes.md): 4 blocks an SM and 2 waves on the Mamba shape (SASS, not
-    # yet measured when added)
+    # for the 32-bit-offset body: 4 blocks an SM and 2 waves on the Mamba shape; the first won Mamba's
+    # causal SiLU (1.03x copy, H200; docs/perf-notes.md)
     Config(threads=128, vec=4, outs=8, steps=16, cthreads=64),
     Config(threads=128, vec=4, outs=4, steps=16, cthreads=64),
     Config(threads=128, vec=8, outs=2, steps=16, cthreads=64),

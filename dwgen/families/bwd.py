@@ -212,12 +212,12 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 
 KNOWN_GOOD: tuple[Config, ...] = (
-    # blocks walking 4 tiles with the next tile's loads in flight (bclbwd, prepared without a GPU: SASS
-    # about 25.7 instructions an output for bf16 K3 o16 rawp against 38 for the o8 winner; not yet measured)
+    # blocks walking 4 tiles with the next tile's loads in flight: the first won the bf16 target (1.58x copy
+    # against 1.84x for the o8 raw design before it, H200; docs/perf-notes.md)
     Config(threads=128, outs=16, tc=1, stage="rawp", tiles=4),
     Config(threads=128, outs=8, tc=1, stage="raw", tiles=4),
-    # the raw stage first: about half the instructions an output of the f32 stage's tuned designs (SASS,
-    # docs/perf-notes.md), not yet measured
+    # the raw stage: about half the instructions an output of the f32 stage's tuned designs (SASS,
+    # docs/perf-notes.md); the 16-bit suite's winners since
     Config(threads=128, outs=16, tc=1, stage="raw"),
     Config(threads=128, outs=16, tc=1, stage="rawp"),
     Config(threads=256, outs=8, tc=1, stage="raw"),
