@@ -27,6 +27,9 @@
 #   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
 #   some    python -m pytest on TEST_FILES
 #   optests the registered op and its backward alone (opcheck, gradients, compile, graphs, training)
+#   ncu     Nsight Compute on one training step of each case of scripts/probe-train.py (NCU_CASES, default
+#           1 2 3: the bf16 target and Mamba's conv in both layouts): forward, backward and its weight sum,
+#           with speed of light, occupancy, warp stalls and instructions executed (logs ncu<i>.log)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -67,6 +70,11 @@ for step in "$@"; do
     host) timed host python3 scripts/probe-host.py ;;
     tcself) timed tcself python3 scripts/tc_selftest.py ;;
     some) timed some python3 -m pytest -q -rs ${TEST_FILES:-tests/gpu} ;;
+    ncu) for i in ${NCU_CASES:-1 2 3}; do
+           timed ncu$i ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+             --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active \
+             -k regex:dw1d --launch-skip 3 -c 3 python3 scripts/probe-bwd-ncu.py "$i"
+         done ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
