@@ -69,6 +69,7 @@ inline float __fdividef(const float x, const float y) {
     return a > 0x1p126f && a < INFINITY ? 0.0f : x / y;
 }
 template <class T> T __ldg(const T* p) { return *p; }
+inline int min(const int a, const int b) { return a < b ? a : b; }  // CUDA's integer min
 template <class T> T __ldcs(const T* p) { return *p; }
 template <class T> void __stcs(T* p, const T v) { *p = v; }
 

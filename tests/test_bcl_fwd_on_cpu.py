@@ -1,0 +1,106 @@
+"""The (B, C, L) forward's own source (templates/dw1d.cu.j2), run on the CPU through its launch function
+(tests/cuda_on_cpu.h: a block's threads as fibers) and checked against float64: rows that are not whole
+vectors (each R of tile_step_r), the order rows are taken in, the edge outputs, an x that starts inside a
+vector, for machines without a GPU. The l1 and smem halos with the tile and row walks: the emulation has no
+cp.async (async halo), no shuffle down (shfl) and no occupancy query (persistent walk). It says nothing of
+speed, and the CPU build takes the portable SiLU spelling."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dwgen.check import compare, make_inputs, reference
+from dwgen.families.bcl import Config
+from dwgen.problem import Problem
+from dwgen.space import Variant, violations
+from tests.cuda_on_cpu import build, raw
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+# argv after the sizes: xoff, elements x starts past a 64-byte boundary (a view such as x[..., 1:])
+MAIN = r"""
+int main(int argc, char** argv) {
+    if (argc != 12) return 2;
+    const auto [B, C, L, Lout, P, act, bias, K] = sizes(argv);
+    const long long xoff = std::atoll(argv[11]);
+    const long long e = sizeof({{ storage }});
+    FILE* in = std::fopen(argv[1], "rb");
+    unsigned char* xbuf = static_cast<unsigned char*>(std::aligned_alloc(64, static_cast<size_t>((B * C * L + xoff) * e / 64 * 64 + 128)));
+    if (std::fread(xbuf + xoff * e, 1, static_cast<size_t>(B * C * L * e), in) != static_cast<size_t>(B * C * L * e)) return 3;
+    void* w = slurp(in, C * K * e);
+    void* b = bias ? slurp(in, C * e) : nullptr;
+    std::fclose(in);
+    const long long ny = B * C * Lout * e;
+    unsigned char* y = static_cast<unsigned char*>(std::aligned_alloc(64, static_cast<size_t>((ny + 63) / 64 * 64)));
+    for (long long i = 0; i < ny; ++i) y[i] = 0xff;  // NaN in every float type: an unwritten output fails
+    const int rc = CAT(dwgen_launch_, NAME)(xbuf + xoff * e, w, b, y, B, C, L, Lout, P, act, nullptr);
+    if (rc != 0) return 10 + rc;
+    FILE* out = std::fopen(argv[2], "wb");
+    std::fwrite(y, 1, static_cast<size_t>(ny), out);
+    std::fclose(out);
+    return 0;
+}
+"""
+
+
+def run_on_cpu(exe: Path, p: Problem, seed: int, tmp: Path, xoff: int = 0):
+    """The outcome of the float64 check of the kernel's output for the check's inputs of seed."""
+    import torch
+
+    x, w, b = make_inputs(p, seed, "cpu")
+    inp, out = tmp / f"{exe.name}.{p.key}.{xoff}.in", tmp / f"{exe.name}.{p.key}.{xoff}.out"
+    inp.write_bytes(raw(x) + raw(w) + (raw(b) if b is not None else b""))
+    args = [exe, inp, out, p.batch, p.channels, p.length, p.out_length, p.padding, int(p.activation == "silu"),
+            int(b is not None), p.kernel_size, xoff]
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{p.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
+    y = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8).view(x.dtype).view(
+        p.batch, p.channels, p.out_length)
+    ref, scale = reference(p, x, w, b)
+    return compare(p, y, ref, scale)
+
+
+def bcl(b, c, n, k, s, pad, d, dtype, **kw) -> Problem:
+    return Problem(b, c, n, k, s, pad, d, dtype, **kw)
+
+
+# Rows of odd length (every R in turn, rows % V not 0), the suite's and the generic kernels' designs: the
+# 16-bit tile walk over the l1 halo, Mamba's causal SiLU, fp32, a walked row with a staged halo, several rows
+# of one channel a block (not reordered), stride and dilation.
+CASES = [
+    (bcl(3, 5, 2061, 3, 1, 1, 1, "bf16"), Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
+    (bcl(2, 7, 2051, 4, 1, 3, 1, "bf16", padding_right=0, activation="silu"),
+     Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
+    (bcl(3, 3, 3001, 9, 1, 4, 1, "fp16"), Config(threads=64, vec=8, outs=2, halo="l1")),
+    (bcl(2, 7, 1999, 4, 1, 1, 1, "fp32"), Config(threads=128, vec=4, outs=2, halo="l1")),
+    (bcl(2, 5, 2050, 4, 1, 1, 1, "fp16"), Config(threads=128, vec=8, outs=1, walk="row", halo="smem")),
+    (bcl(4, 3, 701, 5, 1, 2, 1, "bf16"), Config(threads=64, vec=8, outs=1, walk="row", batches=2, halo="l1")),
+    (bcl(2, 5, 1201, 3, 2, 1, 1, "bf16"), Config(threads=64, vec=8, outs=1, halo="smem")),
+    (bcl(2, 3, 1003, 3, 1, 2, 2, "fp32", activation="silu"), Config(threads=64, vec=4, outs=1, run=2, halo="l1")),
+]
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bcl_fwd_cpu")
+    vs = [Variant(p, c) for p, c in CASES]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return {v.name: exe for v, exe in zip(vs, pool.map(lambda v: build(v, tmp, MAIN), vs), strict=True)}, tmp
+
+
+@pytest.mark.parametrize("p,c", CASES, ids=[Variant(p, c).name for p, c in CASES])
+def test_matches_float64_on_cpu(binaries, p, c):
+    exes, tmp = binaries
+    v = Variant(p, c)
+    assert not violations(p, c, "fwd")
+    problems = [p, replace(p, bias=not p.bias)] + [q for q in v.edge_problems() if q.length <= 5000]
+    for q in problems:
+        outcome = run_on_cpu(exes[v.name], q, seed=q.length % 7, tmp=tmp)
+        assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
+    outcome = run_on_cpu(exes[v.name], p, seed=1, tmp=tmp, xoff=1)  # x starting one element into a vector
+    assert outcome.ok, f"{v.name} on {p.key} with x one element past a vector: {outcome.message}"
