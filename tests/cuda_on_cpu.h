@@ -155,10 +155,11 @@ inline void fiber_main() {
     _longjmp(scheduler_jump, 1);
 }
 
-// Runs every block of the grid in order, each as `block` fibers switched at their barriers.
+// Runs every block of the grid in order (x first, as the GPU dispatches them), each as `block` fibers
+// switched at their barriers.
 template <class F, class... A>
-void launch(F kernel, const unsigned grid, const int block, int, void*, A... args) {
-    gridDim = {grid, 1, 1};
+void launch(F kernel, const dim3_ grid, const int block, int, void*, A... args) {
+    gridDim = grid;
     blockDim = {static_cast<unsigned>(block), 1, 1};
     block_barrier = Barrier{block};
     warp_barriers.assign((block + 31) / 32, Barrier{32});
@@ -166,8 +167,8 @@ void launch(F kernel, const unsigned grid, const int block, int, void*, A... arg
     fiber_jump.resize(block);
     while (static_cast<int>(stacks.size()) < block) stacks.emplace_back(new char[STACK]);
     body = [=] { kernel(args...); };
-    for (unsigned g = 0; g < grid; ++g) {
-        blockIdx = {g, 0, 0};
+    for (unsigned g = 0; g < grid.x * grid.y; ++g) {
+        blockIdx = {g % grid.x, g / grid.x, 0};
         std::vector<char> state(block, 0);  // 0 not started, 1 running, 2 done
         for (int t = 0; t < block; ++t) {
             fiber_tid[t] = {static_cast<unsigned>(t), 0, 0};
@@ -198,7 +199,14 @@ void launch(F kernel, const unsigned grid, const int block, int, void*, A... arg
         }
     }
 }
+
+template <class F, class... A>
+void launch(F kernel, const unsigned grid, const int block, int shared, void* stream, A... args) {
+    launch(kernel, dim3_{grid, 1, 1}, block, shared, stream, args...);
+}
 }  // namespace emu
+
+inline dim3_ dim3(const unsigned x, const unsigned y = 1, const unsigned z = 1) { return {x, y, z}; }
 
 inline void __syncthreads() { emu::block_barrier.wait(); }
 
