@@ -27,6 +27,9 @@
 #   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
 #   some    python -m pytest on TEST_FILES
 #   optests the registered op and its backward alone (opcheck, gradients, compile, graphs, training)
+#   tunefile  python tune.py --suite $TUNE_FILE $TUNE_ARGS, seeded like suite (SEEDS=snapshot), runs/ kept: a
+#           chosen few problems, e.g. TUNE_FILE=scripts/nearmiss-bwd.txt TUNE_ARGS="--direction bwd --sampler
+#           grid --trials 100000" (every variant of the backward's near misses)
 #   ncu     Nsight Compute on one training step of each case of scripts/probe-train.py (NCU_CASES, default
 #           1 2 3: the bf16 target and Mamba's conv in both layouts): forward, backward and its weight sum,
 #           with speed of light, occupancy, warp stalls and instructions executed (logs ncu<i>.log)
@@ -70,6 +73,8 @@ for step in "$@"; do
     host) timed host python3 scripts/probe-host.py ;;
     tcself) timed tcself python3 scripts/tc_selftest.py ;;
     some) timed some python3 -m pytest -q -rs ${TEST_FILES:-tests/gpu} ;;
+    tunefile) timed tunefile python3 tune.py --suite "${TUNE_FILE:?TUNE_FILE names a file of problems}" ${TUNE_ARGS:-} \
+                "${SEED_ARGS[@]}" ;;
     ncu) for i in ${NCU_CASES:-1 2 3}; do
            timed ncu$i ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
              --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active \
