@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from dwgen.dtypes import DTYPES
@@ -55,6 +57,19 @@ def build(v: Variant, tmp: Path, main: str) -> Path:
                            f"-DNAME={v.name}", "-o", str(exe), str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return exe
+
+
+def build_all(variants: list[Variant], tmp: Path, main: str) -> dict[str, Path]:
+    """Each variant's CPU binary by name, two builds at a time (the cores of this machine and CI's)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip([v.name for v in variants], pool.map(lambda v: build(v, tmp, main), variants), strict=True))
+
+
+def forward_checks(v: Variant) -> list:
+    """The problems a forward variant is checked on here: its own, with the other bias, and its family's edge
+    problems up to 5000 long (longer ones only cost time on the CPU)."""
+    p = v.problem
+    return [p, replace(p, bias=not p.bias)] + [q for q in v.edge_problems() if q.length <= 5000]
 
 
 def raw(t) -> bytes:

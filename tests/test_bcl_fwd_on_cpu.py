@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from dwgen.check import compare, make_inputs, reference
 from dwgen.families.bcl import Config
 from dwgen.problem import Problem
 from dwgen.space import Variant, violations
-from tests.cuda_on_cpu import build, raw
+from tests.cuda_on_cpu import build_all, forward_checks, raw
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -89,9 +87,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def binaries(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bcl_fwd_cpu")
-    vs = [Variant(p, c) for p, c in CASES]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return {v.name: exe for v, exe in zip(vs, pool.map(lambda v: build(v, tmp, MAIN), vs), strict=True)}, tmp
+    return build_all([Variant(p, c) for p, c in CASES], tmp, MAIN), tmp
 
 
 @pytest.mark.parametrize("p,c", CASES, ids=[Variant(p, c).name for p, c in CASES])
@@ -99,8 +95,7 @@ def test_matches_float64_on_cpu(binaries, p, c):
     exes, tmp = binaries
     v = Variant(p, c)
     assert not violations(p, c, "fwd")
-    problems = [p, replace(p, bias=not p.bias)] + [q for q in v.edge_problems() if q.length <= 5000]
-    for q in problems:
+    for q in forward_checks(v):
         outcome = run_on_cpu(exes[v.name], q, seed=q.length % 7, tmp=tmp)
         assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
     outcome = run_on_cpu(exes[v.name], p, seed=1, tmp=tmp, xoff=1)  # x starting one element into a vector
