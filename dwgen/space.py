@@ -262,28 +262,28 @@ def template_text(name: str) -> str:
 _INCLUDE = re.compile(r'{%-?\s*include\s+"([^"]+)"')
 
 
-def with_includes(templates: tuple[str, ...]) -> list[str]:
-    """The templates and every partial they include, transitively, each once, in the order first met: a
-    change to a partial is a change to every variant rendered through it."""
-    seen: list[str] = []
+def with_includes(templates: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(name, text) of the templates and every partial they include, transitively, each once, in the order
+    first met: a change to a partial is a change to every variant rendered through it. Each file read once."""
+    seen: dict[str, str] = {}
 
     def visit(t: str) -> None:
         if t not in seen:
-            seen.append(t)
-            for inc in _INCLUDE.findall(template_text(t)):
+            seen[t] = text = template_text(t)
+            for inc in _INCLUDE.findall(text):
                 visit(inc)
 
     for t in templates:
         visit(t)
-    return seen
+    return list(seen.items())
 
 
 def content_digest(payload: dict, templates: tuple[str, ...]) -> str:
     """sha256 over a JSON payload and the text of the templates it is rendered from, partials included."""
     h = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
-    for t in with_includes(templates):
-        h.update(t.encode())
-        h.update(template_text(t).encode())
+    for name, text in with_includes(templates):
+        h.update(name.encode())
+        h.update(text.encode())
     return h.hexdigest()
 
 
