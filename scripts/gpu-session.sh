@@ -32,7 +32,7 @@
 #           grid --trials 100000" (every variant of the backward's near misses)
 #   ncu     Nsight Compute on one training step of each case of scripts/probe-train.py (NCU_CASES, default
 #           1 2 3: the bf16 target and Mamba's conv in both layouts): forward, backward and its weight sum,
-#           with speed of light, occupancy, warp stalls and instructions executed (logs ncu<i>.log)
+#           with speed of light, occupancy, pipe use, each warp stall reason and instructions executed (logs ncu<i>.log)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -77,7 +77,8 @@ for step in "$@"; do
                 "${SEED_ARGS[@]}" ;;
     ncu) for i in ${NCU_CASES:-1 2 3}; do
            timed ncu$i ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
-             --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active \
+             --section ComputeWorkloadAnalysis \
+             --metrics 'smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
              -k regex:dw1d --launch-skip 3 -c 3 python3 scripts/probe-bwd-ncu.py "$i"
          done ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
