@@ -403,8 +403,13 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("dwgen::depthwise_conv1d")
     def _(x, weight, bias, stride, pad_left, pad_right, dilation, activation):
-        k = weight.shape[2]
-        return empty(x, (x.shape[2] + pad_left + pad_right - dilation * (k - 1) - 1) // stride + 1)
+        # The kernels' own checks, in the same words: a call on meta tensors reaches only this.
+        name = next((a for a, i in _ACTIVATIONS.items() if i == activation), activation)
+        _check_arguments(x, weight, bias, stride, dilation, name)
+        if pad_left < 0 or pad_right < 0:
+            raise ValueError(f"dwgen: padding must be an int >= 0, got {pad_left} and {pad_right}")
+        padding = pad_left if pad_left == pad_right else f"{pad_left}+{pad_right}"
+        return empty(x, _output_length(x, weight.shape[2], pad_left, pad_right, stride, dilation, padding))
 
     @torch.library.register_fake("dwgen::depthwise_conv1d_backward")
     def _(grad_out, x, weight, bias, stride, pad_left, pad_right, dilation, activation):
@@ -430,9 +435,22 @@ def _paddings(padding, k: int, stride: int, dilation: int) -> tuple[int, int]:
     return padding, padding
 
 
-def _validate(x, weight, bias, stride, padding, dilation, activation=None) -> tuple[int, int, int]:
+def _validate(x, weight, bias, stride, padding, dilation, activation=None,
+              meta: bool = False) -> tuple[int, int, int]:
     """(left padding, right padding, output length), or one line saying what is wrong (the device is
-    checked last, so every other mistake reads the same whether or not the tensors are on the GPU)."""
+    checked last, so every other mistake reads the same whether or not the tensors are on the GPU). With
+    meta, tensors on the meta device pass too: a call on them returns the result's shape, as F.conv1d does."""
+    _check_arguments(x, weight, bias, stride, dilation, activation)
+    k = weight.shape[2]
+    left, right = _paddings(padding, k, stride, dilation)
+    out_length = _output_length(x, k, left, right, stride, dilation, padding)
+    if not (x.is_cuda or (meta and x.is_meta)):
+        raise ValueError("dwgen: x must be on a CUDA device; move it with x.cuda()")
+    return left, right, out_length
+
+
+def _check_arguments(x, weight, bias, stride, dilation, activation) -> None:
+    """Everything but the padding and the device, one line for the first mistake."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError("dwgen: x must be a (batch, channels, length) tensor")
     if x.dtype not in _DTYPES:
@@ -453,15 +471,14 @@ def _validate(x, weight, bias, stride, padding, dilation, activation=None) -> tu
             raise ValueError(f"dwgen: {name} must be an int >= {low}, got {v!r}")
     if not isinstance(activation, (str, type(None))) or activation not in _ACTIVATIONS:
         raise ValueError(f"dwgen: activation must be None or 'silu', got {activation!r}")
-    k = weight.shape[2]
-    left, right = _paddings(padding, k, stride, dilation)
+
+
+def _output_length(x, k: int, left: int, right: int, stride: int, dilation: int, padding) -> int:
     span = x.shape[2] + left + right - dilation * (k - 1) - 1
     if span < 0:
         raise ValueError(f"dwgen: no output for length {x.shape[2]}, kernel {k}, padding {padding}, "
                          f"dilation {dilation}; raise padding or the length")
-    if not x.is_cuda:
-        raise ValueError("dwgen: x must be on a CUDA device; move it with x.cuda()")
-    return left, right, span // stride + 1
+    return span // stride + 1
 
 
 def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction="fwd", activation=None) -> str:
@@ -507,8 +524,9 @@ def _load_op() -> None:
 
 
 def _call_checked(x, weight, bias, stride, padding, dilation, activation):
-    """The slow path: every argument checked here first (one clear line for any mistake), then the op."""
-    left, right, _ = _validate(x, weight, bias, stride, padding, dilation, activation)
+    """The slow path: every argument checked here first (one clear line for any mistake), then the op (whose
+    fake implementation answers for meta tensors, through the dispatcher)."""
+    left, right, _ = _validate(x, weight, bias, stride, padding, dilation, activation, meta=True)
     if _BROKEN:
         raise RuntimeError(_BROKEN)
     if _OP is None:
@@ -548,6 +566,8 @@ def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             return _CALL_OP(x, weight, bias, stride, left, right, dilation, act)
         return direct(x, weight, bias, stride, left, right, dilation, act)
     except (RuntimeError, TypeError, ValueError, AttributeError, IndexError) as e:
+        if isinstance(x, torch.Tensor) and x.is_meta:  # the C++ path refuses them: shapes come from the op
+            return _call_checked(x, weight, bias, stride, padding, dilation, activation)
         if str(e).startswith("dwgen:"):
             raise
         _validate(x, weight, bias, stride, padding, dilation, activation)  # say what is wrong in one line

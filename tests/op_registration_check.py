@@ -62,6 +62,26 @@ assert tuple(y.shape) == (2, 8, 100) and y.grad_fn is not None and y.grad_fn.nam
 y.sum().backward()
 assert xm.grad.shape == xm.shape and wm.grad.shape == wm.shape and bm.grad.shape == bm.shape
 
+# Without gradients too (the fast C++ path refuses meta tensors, so the call falls back to the op): the
+# result's shape and memory order, as F.conv1d gives shapes on meta; kernel_for, which reads alignment, refuses.
+with torch.no_grad():
+    y = generated.depthwise_conv1d(xm, wm, bm, 2, 1, dilation=2)
+    assert y.is_meta and tuple(y.shape) == (2, 8, (100 + 2 - 2 * 3 - 1) // 2 + 1) and y.grad_fn is None
+    y = generated.depthwise_conv1d(torch.empty(2, 100, 8, device="meta").transpose(1, 2), wm, None, 1, "same")
+    assert y.is_meta and tuple(y.shape) == (2, 8, 100) and y.transpose(1, 2).is_contiguous()
+try:
+    generated.kernel_for(xm, wm, bm)
+except ValueError as e:
+    assert str(e).startswith("dwgen: x must be on a CUDA device"), e
+else:
+    raise AssertionError("kernel_for chose a kernel for a meta tensor")
+try:
+    generated.depthwise_conv1d(xm, wm[:4], bm)
+except ValueError as e:
+    assert str(e).startswith("dwgen: weight must have shape (8, 1, K)"), e
+else:
+    raise AssertionError("a meta call with a wrong weight passed")
+
 # A listening TorchDispatchMode sees every call, a plain one included (it used to skip the dispatcher).
 from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
