@@ -240,18 +240,20 @@ def tune_axes(p: Problem, direction: str = "fwd") -> dict[str, tuple]:
     return axes
 
 
-def config_from_name(name: str, problem: Problem):
-    """The config of a forward variant name such as dw1d_f32_k7_t128_v4_o2_row_l1, which must fit `problem`
-    (a family's name may hold an underscore: the longest matching prefix names it)."""
-    prefixes = sorted((("_".join(signature_tokens(problem, "fwd", f)) + "_", f) for f in families_of(problem)),
-                      key=lambda pf: -len(pf[0]))
+def config_from_name(name: str, problem: Problem, direction: str = "fwd"):
+    """The config of a variant name such as dw1d_f32_k7_t128_v4_o2_row_l1 (or, in direction bwd,
+    dw1d_bwd_bf16_k3_t128_o16_rawp_b4), which must fit `problem` (a family's name may hold an underscore:
+    the longest matching prefix names it)."""
+    prefixes = sorted((("_".join(signature_tokens(problem, direction, f)) + "_", f)
+                       for f in families_of(problem, direction)), key=lambda pf: -len(pf[0]))
     match = next(((pre, f) for pre, f in prefixes if name.startswith(pre)), None)
     if match is None:
         raise ValueError(f"{name} is not a variant of {problem.key} (expected it to start with {prefixes[-1][0]})")
     pre, f = match
     config = f.module.config_from_tokens(name[len(pre):].split("_"), name)
-    if Variant(problem, config).name != name:
-        raise ValueError(f"{name} is not a canonical variant name (did you mean {Variant(problem, config).name}?)")
+    canonical = Variant(problem, config, direction).name
+    if canonical != name:
+        raise ValueError(f"{name} is not a canonical variant name (did you mean {canonical}?)")
     return config
 
 

@@ -215,6 +215,17 @@ def test_variant_names_parse_back():
         config_from_name("dw1d_f32_k5_d2_t128_v4_o2_texture", p)
 
 
+def test_backward_variant_names_parse_back():
+    for p in (Problem(32, 512, 8192, 3, 1, 1, 1, "bf16"), Problem(8, 256, 2048, 4, 1, 3, 1, "bf16", layout="blc")):
+        for v in enumerate_space(p, "bwd"):
+            assert config_from_name(v.name, p, "bwd") == v.config
+    p = Problem(32, 512, 8192, 3, 1, 1, 1, "bf16")
+    with pytest.raises(ValueError, match="not a variant of"):  # a forward name is no backward variant
+        config_from_name("dw1d_bf16_k3_t128_v8_o2_l1_oc", p, "bwd")
+    with pytest.raises(ValueError, match="not a variant of"):
+        config_from_name("dw1d_bwd_bf16_k3_t128_o16_rawp_b4", p)
+
+
 def test_config_refuses_values_off_the_axes():
     with pytest.raises(ValueError):
         Config(threads=100)
