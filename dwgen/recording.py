@@ -127,10 +127,10 @@ def record(path: str | Path, conv1d: bool = False) -> Iterator[Recorder]:
         # (_FAST off), not at depthwise_conv1d itself: a model that did `from generated import
         # depthwise_conv1d` holds the function, not the module's name, and would pass a replaced name by.
         # kernel_for also checks its arguments: only calls that come from depthwise_conv1d are recorded.
-        def checked(x, weight, bias, stride, padding, dilation, activation=None):
+        def checked(x, weight, bias, stride, padding, dilation, activation=None, meta=False):
             if sys._getframe(1).f_code is entry:
                 rec.see(x, weight, bias, stride, padding, dilation, activation=activation)
-            return validate(x, weight, bias, stride, padding, dilation, activation)
+            return validate(x, weight, bias, stride, padding, dilation, activation, meta=meta)
 
         restore.append((generated, "_validate", validate))
         restore.append((generated, "_FAST", generated._FAST))
