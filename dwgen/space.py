@@ -257,6 +257,12 @@ def config_from_name(name: str, problem: Problem, direction: str = "fwd"):
     return config
 
 
+
+def variant_from_name(name: str, problem: Problem, direction: str = "fwd") -> Variant:
+    """The variant a name (as tune.py prints it) gives on `problem`; ValueError as config_from_name."""
+    return Variant(problem, config_from_name(name, problem, direction), direction)
+
+
 def template_text(name: str) -> str:
     return (TEMPLATE_DIR / name).read_text()
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dwgen import cli, render  # noqa: E402
 from dwgen.build import ToolchainError, cuda_home, nvcc_path  # noqa: E402
 from dwgen.problem import ProblemError  # noqa: E402
-from dwgen.space import NVCC_FLAGS, Variant, config_from_name  # noqa: E402
+from dwgen.space import NVCC_FLAGS, variant_from_name  # noqa: E402
 from dwgen.suite import add_problem_arguments, problem_from_args  # noqa: E402
 
 # Opcodes worth a column: memory traffic, barriers, the FMA pipe's work and the 16-bit unpacking.
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         problem = problem_from_args(a)
-        variants = [Variant(problem, config_from_name(n, problem, a.direction), a.direction) for n in a.names]
+        variants = [variant_from_name(n, problem, a.direction) for n in a.names]
         nvcc = nvcc_path()
     except (ProblemError, ValueError, ToolchainError) as e:
         print(f"python scripts/sass.py: {e}", file=sys.stderr)

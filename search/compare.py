@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dwgen import cli
 from dwgen.problem import ProblemError
-from dwgen.space import Variant, config_from_name, family_of, violations
+from dwgen.space import Variant, family_of, variant_from_name, violations
 from dwgen.suite import add_problem_arguments, problem_from_args
 
 RETIME_ROUNDS = 60
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
         unknown = [x for x in axes if x not in family_axes]
         if unknown:
             raise ProblemError(f"unknown axis {unknown[0]!r} in --vary; choose from {', '.join(family_axes)}")
-        variants = [Variant(problem, config_from_name(n, problem)) for n in a.names]
+        variants = [variant_from_name(n, problem) for n in a.names]
     except (ProblemError, ValueError) as e:
         print(f"python -m search.compare: {e}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dwgen import cli
 from dwgen.problem import ProblemError
-from dwgen.space import Variant, config_from_name
+from dwgen.space import variant_from_name
 from dwgen.suite import add_problem_arguments, problem_from_args
 
 
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         problem = problem_from_args(a)
-        variants = [Variant(problem, config_from_name(n, problem)) for n in a.names]
+        variants = [variant_from_name(n, problem) for n in a.names]
     except (ProblemError, ValueError) as e:
         print(f"python -m search.profile: {e}", file=sys.stderr)
         return 2
