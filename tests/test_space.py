@@ -244,7 +244,8 @@ def test_known_good_are_valid_where_kept():
 def raw_window_words(p: Problem, threads, outs, count, run_elems) -> int:
     """Words of a raw window: one vector of room, then every vector the window can touch (a vector boundary
     before it and its last vector), or up to the end of the last thread's run, read in whole 16-, 8- or
-    4-byte loads after one element of parity, whichever reaches further."""
+    4-byte loads after one element of parity, whichever reaches further; and a group of 32 more where
+    the runs' chunks are XOR-placed."""
     per_word = 4 // p.elem_bytes
     vec_words = 4
     vec = 16 // p.elem_bytes
@@ -252,7 +253,11 @@ def raw_window_words(p: Problem, threads, outs, count, run_elems) -> int:
     run_word_count = -(-(run_elems + per_word - 1) // per_word)
     load = next(w for w in (4, 2, 1) if (outs // per_word) % w == 0)
     run_word_count = -(-run_word_count // load) * load
-    return max(vec_words * (vectors + 1), (threads * outs - outs) // per_word + vec_words + run_word_count)
+    words = max(vec_words * (vectors + 1), (threads * outs - outs) // per_word + vec_words + run_word_count)
+    # runs 8 words apart or more (16-byte loads, 2, 4 or 8 chunks apart) get their chunks XOR-placed in
+    # groups of 8: one group more
+    apart = outs // per_word // 4
+    return words + 32 if outs // per_word % 4 == 0 and apart in (2, 4, 8, 16, 32) else words
 
 
 def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles) -> bool:
@@ -275,7 +280,7 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles) -> bool:
     return (p.stride == 1 and (tc == 1 if p.layout == "bcl" else tc >= 16) and threads % tc == 0
             and (stage == "f32" or p.layout == "bcl") and (stage != "rawp" or p.elem_bytes == 2)
             and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024 and run <= 96
-            and tile <= max(p.length, 256) and (tiles == 1 or tile * (tiles // 2) < p.length))
+            and tile <= max(p.length, 256) and (tiles == 1 or tile * (tiles // 2) < p.length * p.batch))
 
 
 BWD_PROBLEMS = [Problem(4, 64, 1000), Problem(32, 512, 8192, dtype="bf16"), Problem(2, 8, 999, 5, 1, 4, 2),
@@ -299,13 +304,17 @@ def test_bwd_enumeration_matches_brute_force(p):
 
 def test_bwd_space_of_a_small_problem_by_name():
     # (B, C, L) tiles: one channel a block, threads x outs positions no longer than the row (or 256), each
-    # staged as floats or as stored; a block walks n tiles only where n / 2 of them would not cover the row
+    # staged as floats or as stored; a block walks n tiles only where n / 2 of them would not cover the
+    # channel's rows (4 rows of 1000 here: every walk up to 8 tiles)
     assert [v.name for v in enumerate_space(Problem(4, 64, 1000), "bwd")] == [
         "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o2_b2", "dw1d_bwd_f32_k3_t128_o2_b4",
-        "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o2_raw_b2", "dw1d_bwd_f32_k3_t128_o2_raw_b4",
-        "dw1d_bwd_f32_k3_t128_o4", "dw1d_bwd_f32_k3_t128_o4_b2", "dw1d_bwd_f32_k3_t128_o4_raw",
-        "dw1d_bwd_f32_k3_t128_o4_raw_b2", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_b2",
-        "dw1d_bwd_f32_k3_t256_o2_raw", "dw1d_bwd_f32_k3_t256_o2_raw_b2"]
+        "dw1d_bwd_f32_k3_t128_o2_b8", "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o2_raw_b2",
+        "dw1d_bwd_f32_k3_t128_o2_raw_b4", "dw1d_bwd_f32_k3_t128_o2_raw_b8", "dw1d_bwd_f32_k3_t128_o4",
+        "dw1d_bwd_f32_k3_t128_o4_b2", "dw1d_bwd_f32_k3_t128_o4_b4", "dw1d_bwd_f32_k3_t128_o4_b8",
+        "dw1d_bwd_f32_k3_t128_o4_raw", "dw1d_bwd_f32_k3_t128_o4_raw_b2", "dw1d_bwd_f32_k3_t128_o4_raw_b4",
+        "dw1d_bwd_f32_k3_t128_o4_raw_b8", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_b2",
+        "dw1d_bwd_f32_k3_t256_o2_b4", "dw1d_bwd_f32_k3_t256_o2_b8", "dw1d_bwd_f32_k3_t256_o2_raw",
+        "dw1d_bwd_f32_k3_t256_o2_raw_b2", "dw1d_bwd_f32_k3_t256_o2_raw_b4", "dw1d_bwd_f32_k3_t256_o2_raw_b8"]
 
 
 def test_bwd_golden_names_and_tokens():

@@ -21,8 +21,9 @@ AXES: dict[str, tuple] = {
     # rawp, raw with a 16-bit run's odd parity undone by a byte permute a word rather than by a branch
     # between two widenings (one more instruction a word of an odd window, fewer registers).
     "stage": ("f32", "raw", "rawp"),
-    # Tiles a block walks along its row, the next tile's loads in flight while one is computed; the weights,
-    # set-up and weight-sum reduction paid once a block, one partial slot a block (token b<n>, 1 unnamed).
+    # Tiles a block walks along its channel tile's rows (row after row over the batch), the next tile's loads
+    # in flight while one is computed; the weights, set-up and weight-sum reduction paid once a block, one
+    # partial slot a block (token b<n>, 1 unnamed).
     "tiles": (1, 2, 4, 8),
 }
 
@@ -79,6 +80,13 @@ class Tiling:
         return max(v // e * ((count + 2 * v - 2) // v + 1), (tl - self.config.outs) // e + v // e + run)
 
     @property
+    def swizzled(self) -> bool:
+        """Raw windows whose 16-byte chunks are XORed in groups of 8 so that runs 8 words or more apart miss
+        each other's banks (the template's SWZ): each window holds one group (32 words) more."""
+        chunks = self.config.outs // self.elems_per_word // 4
+        return self.config.outs // self.elems_per_word % 4 == 0 and chunks >= 2 and chunks & (chunks - 1) == 0
+
+    @property
     def smem_bytes(self) -> int:
         c, h, tl = self.config, self.halo, self.tile_length
         xw, gw = tl + 2 * h + self.slack, tl + h + self.slack
@@ -86,6 +94,8 @@ class Tiling:
             rw = c.outs + h
             xwords = self.raw_words(tl + 2 * h, self.run_words(rw + h))
             gwords = self.raw_words(tl + h, self.run_words(rw))
+            if self.swizzled:
+                xwords, gwords = xwords + 32, gwords + 32
             windows = -(-xwords // 4) * 4 + gwords
         elif self.problem.layout == "bcl":  # skewed: a float left empty after every 32 (as the template's skew())
             windows = (xw + xw // 32 + 1) + (gw + gw // 32 + 1)
@@ -139,10 +149,10 @@ def tile_fits_length(p: Problem, c: Config) -> bool:
     return Tiling(p, c).tile_length <= max(p.length, 256)
 
 
-def tiles_fit_row(p: Problem, c: Config) -> bool:
-    """Walking n tiles only where half as many would not cover the row: past that, the grid is the same as
-    with fewer tiles a block, and the variant would repeat one already asked."""
-    return c.tiles == 1 or Tiling(p, c).tile_length * (c.tiles // 2) < p.length
+def tiles_fit_rows(p: Problem, c: Config) -> bool:
+    """Walking n tiles only where half as many would not cover a channel's rows (all of the batch): past
+    that, the grid is the same as with fewer tiles a block, and the variant would repeat one already asked."""
+    return c.tiles == 1 or Tiling(p, c).tile_length * (c.tiles // 2) < p.length * p.batch
 
 
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
@@ -155,7 +165,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     fits_static_smem,
     run_fits_registers,
     tile_fits_length,
-    tiles_fit_row,
+    tiles_fit_rows,
 )
 
 
