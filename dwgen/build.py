@@ -89,15 +89,17 @@ _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 
 
 def parse_ptxas(log: str) -> dict:
-    """Registers, shared memory, stack and spill bytes from `-Xptxas -v` output."""
-    regs = _PTXAS_USED.search(log)
-    smem = _PTXAS_SMEM.search(log)
-    spill = _PTXAS_SPILL.search(log)
+    """Registers, shared memory, stack and spill bytes from `-Xptxas -v` output: of the variant's worst
+    kernel, since a variant holds several (the ACT=0 and ACT=1 instances, the backward's weight sum) and the
+    one ptxas lists first is not always the one that runs (a SiLU problem runs ACT=1)."""
+    regs = [int(m.group(1)) for m in _PTXAS_USED.finditer(log)]
+    smem = [int(m.group(1)) for m in _PTXAS_SMEM.finditer(log)]
+    spills = [(int(m.group(1)), int(m.group(2)) + int(m.group(3))) for m in _PTXAS_SPILL.finditer(log)]
     return {
-        "registers": int(regs.group(1)) if regs else -1,
-        "smem_bytes": int(smem.group(1)) if smem else 0,
-        "stack_bytes": int(spill.group(1)) if spill else -1,
-        "spill_bytes": int(spill.group(2)) + int(spill.group(3)) if spill else -1,
+        "registers": max(regs, default=-1),
+        "smem_bytes": max(smem, default=0),
+        "stack_bytes": max((s for s, _ in spills), default=-1),
+        "spill_bytes": max((b for _, b in spills), default=-1),
     }
 
 

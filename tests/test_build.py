@@ -73,6 +73,19 @@ def test_ptxas_report_parsed():
     assert build.parse_ptxas(log) == {"registers": 40, "smem_bytes": 4128, "stack_bytes": 16, "spill_bytes": 20}
 
 
+def test_ptxas_report_of_several_kernels_gives_the_worst():
+    """A variant holds its ACT=0 and ACT=1 instances (and the backward its weight sum): the one listed first
+    is not the one a SiLU problem runs, so each figure is the largest of any kernel."""
+    def entry(name, stack, stores, loads, regs, smem):
+        return (f"ptxas info    : Compiling entry function '{name}' for 'sm_90'\n"
+                f"ptxas info    : Function properties for {name}\n"
+                f"    {stack} bytes stack frame, {stores} bytes spill stores, {loads} bytes spill loads\n"
+                f"ptxas info    : Used {regs} registers, used 1 barriers, {smem} bytes smem, 400 bytes cmem[0]\n")
+    log = entry("k_act0", 0, 0, 0, 48, 12128) + entry("k_act1", 24, 8, 8, 64, 12128) + entry("k_sum", 0, 0, 0, 26, 2048)
+    assert build.parse_ptxas(log) == {"registers": 64, "smem_bytes": 12128, "stack_bytes": 24, "spill_bytes": 16}
+    assert build.parse_ptxas("") == {"registers": -1, "smem_bytes": 0, "stack_bytes": -1, "spill_bytes": -1}
+
+
 def _tiny_jobs(n: int) -> list[tuple[str, str, str]]:
     return [(f"tiny{i}", f'extern "C" __global__ void tiny{i}(float* y) {{ y[threadIdx.x] = {i}.0f; }}', f"t{i}")
             for i in range(n)]
