@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dwgen.space import NVCC_FLAGS
@@ -51,6 +51,13 @@ class Build:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def for_activation(self, activation: str) -> Build:
+        """The figures of the kernels a problem with this activation runs (its ACT instance and any kernel
+        without one, such as the backward's weight sum), not the worst of every instance compiled."""
+        if not self.ok:
+            return self
+        return replace(self, **parse_ptxas(self.log, 1 if activation == "silu" else 0))
 
 
 def cuda_home() -> str:
@@ -88,13 +95,24 @@ _PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def parse_ptxas(log: str) -> dict:
-    """Registers, shared memory, stack and spill bytes from `-Xptxas -v` output: of the variant's worst
-    kernel, since a variant holds several (the ACT=0 and ACT=1 instances, the backward's weight sum) and the
-    one ptxas lists first is not always the one that runs (a SiLU problem runs ACT=1)."""
-    regs = [int(m.group(1)) for m in _PTXAS_USED.finditer(log)]
-    smem = [int(m.group(1)) for m in _PTXAS_SMEM.finditer(log)]
-    spills = [(int(m.group(1)), int(m.group(2)) + int(m.group(3))) for m in _PTXAS_SPILL.finditer(log)]
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']*)'")
+_ACT_INSTANCE = re.compile(r"ILi(\d+)EE")  # a kernel template's int argument in its mangled name: ACT
+
+
+def parse_ptxas(log: str, act: int | None = None) -> dict:
+    """Registers, shared memory, stack and spill bytes from `-Xptxas -v` output, of the variant's worst
+    kernel: a variant holds several (the ACT=0 and ACT=1 instances, the backward's weight sum), and the one
+    ptxas lists first is not always the one that runs. With `act`, only the kernels a problem of that
+    activation runs count (the other ACT instance is left out)."""
+    cuts = [m.start() for m in _PTXAS_ENTRY.finditer(log)] or [0]
+    entries = [log[a:b] for a, b in zip(cuts, [*cuts[1:], len(log)], strict=True)]
+    if act is not None:
+        entries = [e for e in entries if (m := _ACT_INSTANCE.search(e.partition("\n")[0])) is None
+                   or int(m.group(1)) == act]
+    text = "".join(entries)
+    regs = [int(m.group(1)) for m in _PTXAS_USED.finditer(text)]
+    smem = [int(m.group(1)) for m in _PTXAS_SMEM.finditer(text)]
+    spills = [(int(m.group(1)), int(m.group(2)) + int(m.group(3))) for m in _PTXAS_SPILL.finditer(text)]
     return {
         "registers": max(regs, default=-1),
         "smem_bytes": max(smem, default=0),

@@ -73,6 +73,7 @@ def dry_run(problem: Problem, arch: str, cache_dir: Path, jobs: int | None = Non
 
         results = build.compile_many(jobs_, cache_dir, arch=arch, workers=jobs, on_done=tick,
                                      timeout_s=timeout_s)
+    results = [b.for_activation(problem.activation) for b in results]  # the kernels this problem runs
     wall = time.perf_counter() - t0
     log(f"{'variant':48s} {'status':>13s} {'regs':>5s} {'spill':>6s} {'smem':>6s} {'nvcc s':>7s}")
     for b in results:

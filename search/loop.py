@@ -66,6 +66,7 @@ def failure_line(log: str) -> str:
 
 
 def build_result(v: Variant, b: Build) -> Result:
+    b = b.for_activation(v.problem.activation)  # the figures of the kernel this problem runs
     status = "ok" if b.ok else b.status
     msg = "" if b.ok else f"{failure_line(b.log)} (source and log beside {b.log_path})"
     return Result(v.name, v.digest, status, message=msg, registers=b.registers, spill_bytes=b.spill_bytes,

@@ -86,6 +86,25 @@ def test_ptxas_report_of_several_kernels_gives_the_worst():
     assert build.parse_ptxas("") == {"registers": -1, "smem_bytes": 0, "stack_bytes": -1, "spill_bytes": -1}
 
 
+def test_ptxas_report_of_the_kernels_a_problem_runs():
+    """The ACT instance a problem runs and the kernels without one (the weight sum); the other left out."""
+    def entry(name, regs, spill):
+        return (f"ptxas info    : Compiling entry function '{name}' for 'sm_90'\n"
+                f"ptxas info    : Function properties for {name}\n"
+                f"    {spill} bytes stack frame, {spill} bytes spill stores, 0 bytes spill loads\n"
+                f"ptxas info    : Used {regs} registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]\n")
+    log = ("nvcc -shared ...\n" + entry("_Z8k_o16_b4ILi0EEvPKfS1_", 61, 0) + entry("_Z8k_o16_b4ILi1EEvPKfS1_", 64, 8)
+           + entry("k_o16_b4_sum", 80, 0))
+    assert build.parse_ptxas(log, 0)["registers"] == 80  # the weight sum runs with either
+    log = log.replace("Used 80", "Used 26")
+    assert (build.parse_ptxas(log, 0)["registers"], build.parse_ptxas(log, 0)["spill_bytes"]) == (61, 0)
+    assert (build.parse_ptxas(log, 1)["registers"], build.parse_ptxas(log, 1)["spill_bytes"]) == (64, 8)
+    b = build.Build("k_o16_b4", "ok", log=log, registers=64, spill_bytes=8)
+    assert (b.for_activation("none").registers, b.for_activation("silu").registers) == (61, 64)
+    failed = build.Build("k", "compile_error", log="error")
+    assert failed.for_activation("silu") is failed
+
+
 def _tiny_jobs(n: int) -> list[tuple[str, str, str]]:
     return [(f"tiny{i}", f'extern "C" __global__ void tiny{i}(float* y) {{ y[threadIdx.x] = {i}.0f; }}', f"t{i}")
             for i in range(n)]
