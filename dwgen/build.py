@@ -96,7 +96,14 @@ _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 
 
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']*)'")
-_ACT_INSTANCE = re.compile(r"ILi(\d+)EE")  # a kernel template's int argument in its mangled name: ACT
+_KERNEL_INSTANCE = re.compile(r"_Z\d+(\w+?)ILi(-?\d+)E")  # name<int>(...), mangled: the template's int is ACT
+
+
+def kernel_instance(function: str) -> tuple[str, int | None]:
+    """A kernel's name and its ACT template argument from its (mangled) function name; None for a kernel that
+    is no template instance (the backward's weight sum, the extern "C" ones)."""
+    m = _KERNEL_INSTANCE.match(function)
+    return (m.group(1), int(m.group(2))) if m else (function, None)
 
 
 def parse_ptxas(log: str, act: int | None = None) -> dict:
@@ -104,11 +111,11 @@ def parse_ptxas(log: str, act: int | None = None) -> dict:
     kernel: a variant holds several (the ACT=0 and ACT=1 instances, the backward's weight sum), and the one
     ptxas lists first is not always the one that runs. With `act`, only the kernels a problem of that
     activation runs count (the other ACT instance is left out)."""
-    cuts = [m.start() for m in _PTXAS_ENTRY.finditer(log)] or [0]
+    found = list(_PTXAS_ENTRY.finditer(log))
+    cuts = [m.start() for m in found] or [0]
     entries = [log[a:b] for a, b in zip(cuts, [*cuts[1:], len(log)], strict=True)]
-    if act is not None:
-        entries = [e for e in entries if (m := _ACT_INSTANCE.search(e.partition("\n")[0])) is None
-                   or int(m.group(1)) == act]
+    if act is not None and found:
+        entries = [e for e, m in zip(entries, found, strict=True) if kernel_instance(m.group(1))[1] in (None, act)]
     text = "".join(entries)
     regs = [int(m.group(1)) for m in _PTXAS_USED.finditer(text)]
     smem = [int(m.group(1)) for m in _PTXAS_SMEM.finditer(text)]

@@ -257,7 +257,6 @@ def config_from_name(name: str, problem: Problem, direction: str = "fwd"):
     return config
 
 
-
 def variant_from_name(name: str, problem: Problem, direction: str = "fwd") -> Variant:
     """The variant a name (as tune.py prints it) gives on `problem`; ValueError as config_from_name."""
     return Variant(problem, config_from_name(name, problem, direction), direction)

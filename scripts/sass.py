@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dwgen import cli, render  # noqa: E402
-from dwgen.build import ToolchainError, cuda_home, nvcc_path  # noqa: E402
+from dwgen.build import ToolchainError, cuda_home, kernel_instance, nvcc_path  # noqa: E402
 from dwgen.problem import ProblemError  # noqa: E402
 from dwgen.space import NVCC_FLAGS, variant_from_name  # noqa: E402
 from dwgen.suite import add_problem_arguments, problem_from_args  # noqa: E402
@@ -44,8 +44,8 @@ def cuobjdump() -> str:
 
 def short_name(function: str) -> str:
     """A kernel's name with its template argument (the activation), e.g. dw1d_..._b4<1>, not its mangling."""
-    m = re.match(r"_Z\d+(\w+?)ILi(-?\d+)E", function)
-    return f"{m.group(1)}<{m.group(2)}>" if m else function
+    name, act = kernel_instance(function)
+    return name if act is None else f"{name}<{act}>"
 
 
 def kernel_table(cubin: Path) -> list[tuple[str, int, int, int, collections.Counter]]:
