@@ -260,7 +260,7 @@ def raw_window_words(p: Problem, threads, outs, count, run_elems) -> int:
     return words + 32 if outs // per_word % 4 == 0 and apart in (2, 4, 8, 16, 32) else words
 
 
-def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles) -> bool:
+def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles, walk) -> bool:
     """The fused backward family's restrictions restated from first principles."""
     vec = 16 // p.elem_bytes if p.layout == "bcl" else min(16 // p.elem_bytes, tc)
     tile = threads // tc * outs
@@ -280,7 +280,15 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles) -> bool:
     return (p.stride == 1 and (tc == 1 if p.layout == "bcl" else tc >= 16) and threads % tc == 0
             and (stage == "f32" or p.layout == "bcl") and (stage != "rawp" or p.elem_bytes == 2)
             and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024 and run <= 96
-            and tile <= max(p.length, 256) and (tiles == 1 or tile * (tiles // 2) < p.length * p.batch))
+            and tile <= max(p.length, 256) and walk_ok(p, tile, tiles, walk))
+
+
+def walk_ok(p: Problem, tile, tiles, walk) -> bool:
+    # no walk; a walk in a row where half of it falls short of the row; across the batch's rows where half of
+    # it reaches past the row but not past all of them
+    half = tile * (tiles // 2)
+    return (walk == "row" and (tiles == 1 or half < p.length)) or (
+        walk == "across" and tiles > 1 and p.length <= half < p.length * p.batch)
 
 
 BWD_PROBLEMS = [Problem(4, 64, 1000), Problem(32, 512, 8192, dtype="bf16"), Problem(2, 8, 999, 5, 1, 4, 2),
@@ -305,16 +313,18 @@ def test_bwd_enumeration_matches_brute_force(p):
 def test_bwd_space_of_a_small_problem_by_name():
     # (B, C, L) tiles: one channel a block, threads x outs positions no longer than the row (or 256), each
     # staged as floats or as stored; a block walks n tiles only where n / 2 of them would not cover the
-    # channel's rows (4 rows of 1000 here: every walk up to 8 tiles)
+    # channel's rows (4 rows of 1000 here: every walk up to 8 tiles), in one row where n / 2 tiles fall short
+    # of it, on across rows past that (8 tiles of 256)
     assert [v.name for v in enumerate_space(Problem(4, 64, 1000), "bwd")] == [
         "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o2_b2", "dw1d_bwd_f32_k3_t128_o2_b4",
-        "dw1d_bwd_f32_k3_t128_o2_b8", "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o2_raw_b2",
-        "dw1d_bwd_f32_k3_t128_o2_raw_b4", "dw1d_bwd_f32_k3_t128_o2_raw_b8", "dw1d_bwd_f32_k3_t128_o4",
-        "dw1d_bwd_f32_k3_t128_o4_b2", "dw1d_bwd_f32_k3_t128_o4_b4", "dw1d_bwd_f32_k3_t128_o4_b8",
-        "dw1d_bwd_f32_k3_t128_o4_raw", "dw1d_bwd_f32_k3_t128_o4_raw_b2", "dw1d_bwd_f32_k3_t128_o4_raw_b4",
-        "dw1d_bwd_f32_k3_t128_o4_raw_b8", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_b2",
-        "dw1d_bwd_f32_k3_t256_o2_b4", "dw1d_bwd_f32_k3_t256_o2_b8", "dw1d_bwd_f32_k3_t256_o2_raw",
-        "dw1d_bwd_f32_k3_t256_o2_raw_b2", "dw1d_bwd_f32_k3_t256_o2_raw_b4", "dw1d_bwd_f32_k3_t256_o2_raw_b8"]
+        "dw1d_bwd_f32_k3_t128_o2_b8_across", "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o2_raw_b2",
+        "dw1d_bwd_f32_k3_t128_o2_raw_b4", "dw1d_bwd_f32_k3_t128_o2_raw_b8_across", "dw1d_bwd_f32_k3_t128_o4",
+        "dw1d_bwd_f32_k3_t128_o4_b2", "dw1d_bwd_f32_k3_t128_o4_b4_across", "dw1d_bwd_f32_k3_t128_o4_b8_across",
+        "dw1d_bwd_f32_k3_t128_o4_raw", "dw1d_bwd_f32_k3_t128_o4_raw_b2", "dw1d_bwd_f32_k3_t128_o4_raw_b4_across",
+        "dw1d_bwd_f32_k3_t128_o4_raw_b8_across", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_b2",
+        "dw1d_bwd_f32_k3_t256_o2_b4_across", "dw1d_bwd_f32_k3_t256_o2_b8_across", "dw1d_bwd_f32_k3_t256_o2_raw",
+        "dw1d_bwd_f32_k3_t256_o2_raw_b2", "dw1d_bwd_f32_k3_t256_o2_raw_b4_across",
+        "dw1d_bwd_f32_k3_t256_o2_raw_b8_across"]
 
 
 def test_bwd_golden_names_and_tokens():
@@ -352,7 +362,8 @@ def test_bwd_violations_name_the_failed_restrictions():
     for p in BWD_PROBLEMS:
         for c in all_bwd_configs():
             bad = violations(p, c, "bwd")
-            assert set(bad) <= names and (not bad) == brute_force_bwd_ok(p, c.threads, c.outs, c.tc, c.stage, c.tiles)
+            ok = brute_force_bwd_ok(p, c.threads, c.outs, c.tc, c.stage, c.tiles, c.walk)
+            assert set(bad) <= names and (not bad) == ok
 
 
 def all_bwd_configs():
