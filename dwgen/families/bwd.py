@@ -28,7 +28,14 @@ AXES: dict[str, tuple] = {
     # for walks longer than a row. Each walk's own: the one across rows costs instructions where a walk
     # would stay in a row (the bf16 target's backward, docs/perf-notes.md).
     "walk": ("row", "across"),
+    # A register ceiling for ptxas, asked through __launch_bounds__'s minimum blocks an SM (65536 registers
+    # over threads x regs), so that one more block fits beside the others at the price of a few spilled
+    # words (token r<n>; 0, unnamed, leaves ptxas free). Only where the ceiling is exactly reachable and on
+    # the raw stages, whose 56-64 registers cost the 128-thread designs their ninth block.
+    "regs": (0, 56),
 }
+
+REGISTERS_PER_SM = 65536
 
 STATIC_SMEM_BYTES = 48 * 1024  # the kernel's windows are static shared arrays
 
@@ -41,8 +48,14 @@ class Config(AxisConfig):
     stage: str = "f32"
     tiles: int = 1
     walk: str = "row"
+    regs: int = 0
 
     AXES = AXES
+
+    @property
+    def min_blocks(self) -> int:
+        """__launch_bounds__'s minimum blocks an SM that caps ptxas at `regs` (0: none asked)."""
+        return REGISTERS_PER_SM // (self.threads * self.regs) if self.regs else 0
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,16 @@ def walk_fits(p: Problem, c: Config) -> bool:
     return half < p.length if c.walk == "row" else p.length <= half < p.length * p.batch
 
 
+def register_ceiling_reachable(p: Problem, c: Config) -> bool:
+    """A ceiling of regs is what ptxas gets from min_blocks blocks an SM (registers go in 8s a thread) and
+    takes a raw stage: elsewhere the variant would repeat another, or not be worth its compile."""
+    if not c.regs:
+        return True
+    blocks = c.min_blocks
+    return (c.stage != "f32" and blocks * c.threads <= 2048
+            and REGISTERS_PER_SM // (c.threads * blocks) // 8 * 8 == c.regs)
+
+
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     stride_one,
     tile_matches_layout,
@@ -174,6 +197,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     run_fits_registers,
     tile_fits_length,
     walk_fits,
+    register_ceiling_reachable,
 )
 
 
@@ -187,14 +211,16 @@ def name_tokens(c: Config) -> list[str]:
         parts.append(f"b{c.tiles}")
     if c.walk != "row":
         parts.append(c.walk)
+    if c.regs:
+        parts.append(f"r{c.regs}")
     return parts
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
     fields: dict = {}
     for tok in tokens:
-        if tok[:1] in "tocb" and tok[1:].isdigit():
-            fields[{"t": "threads", "o": "outs", "c": "tc", "b": "tiles"}[tok[0]]] = int(tok[1:])
+        if tok[:1] in "tocbr" and tok[1:].isdigit():
+            fields[{"t": "threads", "o": "outs", "c": "tc", "b": "tiles", "r": "regs"}[tok[0]]] = int(tok[1:])
         elif tok in AXES["stage"] and tok != "f32":
             fields["stage"] = tok
         elif tok in AXES["walk"] and tok != "row":
@@ -210,7 +236,7 @@ def render_context(p: Problem, c: Config) -> dict:
         "threads": c.threads, "outs": c.outs, "tile_channels": c.tc, "vec": t.vec, "slack": t.slack,
         "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl", "raw": c.stage != "f32",
         "top_half": DTYPES[p.dtype].top_half, "permute": c.stage == "rawp",
-        "tiles": c.tiles, "across": c.walk == "across",
+        "tiles": c.tiles, "across": c.walk == "across", "min_blocks": c.min_blocks,
     }
 
 
