@@ -20,7 +20,9 @@
 #   SUITE_WORKERS=N makes the suite step search with one worker process per GPU (tune.py --workers N)
 #   SUITE_TRIALS=N and BWD_TRIALS=N set the trials a problem of suite and suitebwd (BWD_TRIALS defaults to
 #   SUITE_TRIALS); SEEDS=snapshot copies generated/ before the first step and has both tunes ask its winners
-#   first (tune.py --seeds-from): a re-tune of both directions after a template change
+#   first (tune.py --seeds-from): a re-tune of both directions after a template change; SEEDS=<dir> seeds
+#   from a copy of generated/ made before (carried): when the two directions' re-tunes take separate calls, the
+#   first freeze drops the other direction's stale entries, and a snapshot taken later would miss their designs
 #   build   the first build of generated/, timed
 #   tcself  scripts/tc_selftest.py: the tensor-core forward against float64 on edge problems, then timed
 #   host    scripts/probe-host.py: µs of CPU per call, dwgen beside F.conv1d (1x768x512)
@@ -44,6 +46,8 @@ fi
 SEED_ARGS=()
 if [ "${SEEDS:-}" = snapshot ]; then
   rm -rf /tmp/dwgen-seeds && cp -r generated /tmp/dwgen-seeds && SEED_ARGS=(--seeds-from /tmp/dwgen-seeds)
+elif [ -n "${SEEDS:-}" ]; then
+  SEED_ARGS=(--seeds-from "$SEEDS")
 fi
 timed() { local name=$1; shift; local t0; t0=$(date +%s); timeout "${STEP_TIMEOUT:-3600}" "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
