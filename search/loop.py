@@ -18,13 +18,20 @@ from dwgen.result import Result
 from dwgen.space import Variant, known_good, make_config, trial_params, violations
 from dwgen.worker import Candidate
 from search import study as st
+from search.neighbours import Neighbours
 from search.samplers import SpaceSampler
 
 FINALISTS = 5
 RETIME_ROUNDS = 60
-# Stop asking once this many asks in a row brought nothing new: the valid space is used up.
-# (The grid sampler proposes only valid variants and knows when it has proposed them all.)
+# Stop asking once this many asks in a row brought nothing new: a guard, since the search stops when every
+# valid variant is measured (the grid sampler proposes only valid ones; the others' wasted proposals are
+# followed by their nearest unmeasured valid variant: search/neighbours.py).
 MAX_IDLE_ASKS = 500
+# After this many wasted asks in a row, the next ask is the nearest unmeasured valid variant to the last
+# proposal. Not sooner: where the sampler mostly lands on new variants (the forward's spaces), its choices
+# stay its own (redirecting every wasted ask moved the median rank of the best found at 32 trials from 9
+# to 18 of 1684 on a synthetic (B, L, C) forward objective, 20 seeds).
+NEIGHBOUR_AFTER = 4
 
 
 class Evaluator(Protocol):
@@ -163,6 +170,18 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
     deadline = time.monotonic() + timeout_s if timeout_s else None
     idle = 0
     exhausted = False
+    neighbours = None if isinstance(sampler, SpaceSampler) else Neighbours(problem, direction)
+    redirected: set[str] = set()  # variants enqueued in place of a wasted proposal, each once
+
+    def ask_nearest_instead(params: dict, pending: dict) -> None:
+        """After NEIGHBOUR_AFTER wasted asks in a row, enqueue the unmeasured valid variant nearest the last
+        proposal (the next ask takes it)."""
+        if neighbours is None or idle < NEIGHBOUR_AFTER:
+            return
+        v = neighbours.nearest(params, known.keys() | pending.keys() | redirected)
+        if v is not None:
+            study.enqueue_trial(trial_params(problem, v.config, direction))
+            redirected.add(v.digest)
     best_result = min((r for _, r in known.values() if r.ok), key=lambda r: r.kernel_ms, default=None)
     best = best_result.kernel_ms if best_result else None
     if best_result:
@@ -174,8 +193,11 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
         pending: dict[str, tuple[optuna.Trial, Variant]] = {}
         want = min(batch, trials - stats.evaluated)
         while len(pending) < want and idle < MAX_IDLE_ASKS:
-            if isinstance(sampler, SpaceSampler) and sampler.is_exhausted(study):
+            if (isinstance(sampler, SpaceSampler) and sampler.is_exhausted(study)) or (
+                    neighbours is not None and neighbours.all_taken(known.keys() | pending.keys())):
                 exhausted = True
+                if not pending:
+                    log(f"every valid variant of the space is measured ({len(known)})")
                 break
             trial = study.ask(distributions)
             stats.asked += 1
@@ -185,14 +207,17 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
             if bad:
                 st.record_skip(study, trial, bad)
                 stats.skipped += 1
+                ask_nearest_instead(trial.params, pending)
                 continue
             v = Variant(problem, config, direction)
             if v.digest in known:
                 st.record(study, trial, known[v.digest][1], duplicate=True)
                 stats.duplicates += 1
+                ask_nearest_instead(trial.params, pending)
             elif v.digest in pending:
                 st.record_skip(study, trial, ["duplicate_in_batch"], penalize=False)  # valid, maybe fast
                 stats.duplicates += 1
+                ask_nearest_instead(trial.params, pending)
             else:
                 st.claim(trial, owner, v.digest, worker)
                 pending[v.digest] = (trial, v)
