@@ -9,7 +9,8 @@ where the space is) and, once several asks in a row were wasted, asks next the u
 differs from the last proposal in the fewest axes."""
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Collection, Container
+from functools import cached_property
 
 from dwgen.problem import Problem
 from dwgen.space import Variant, enumerate_space, trial_params
@@ -17,22 +18,29 @@ from dwgen.space import Variant, enumerate_space, trial_params
 
 class Neighbours:
     def __init__(self, problem: Problem, direction: str = "fwd"):
-        self._space = [(v, trial_params(problem, v.config, direction)) for v in enumerate_space(problem, direction)]
+        self._problem, self._direction = problem, direction
+        self._variants = enumerate_space(problem, direction)
 
     def __len__(self) -> int:
-        return len(self._space)
+        return len(self._variants)
+
+    @cached_property
+    def _space(self) -> list[tuple[str, Variant, dict]]:
+        """Each variant's digest and parameters, worked out once and only when first asked (a digest renders
+        the variant's source: about a second for a forward space of 4000)."""
+        return [(v.digest, v, trial_params(self._problem, v.config, self._direction)) for v in self._variants]
 
     def nearest(self, params: dict, taken: Container[str]) -> Variant | None:
         """The valid variant not in `taken` (digests) whose parameters differ from `params` in the fewest
         axes (the first in the space's order among equals); None when every one is taken."""
         best, fewest = None, None
-        for v, vp in self._space:
-            if v.digest in taken:
+        for digest, v, vp in self._space:
+            if digest in taken:
                 continue
             differ = sum(params.get(k) != value for k, value in vp.items())
             if fewest is None or differ < fewest:
                 best, fewest = v, differ
         return best
 
-    def all_taken(self, taken: Container[str]) -> bool:
-        return all(v.digest in taken for v, _ in self._space)
+    def all_taken(self, taken: Collection[str]) -> bool:
+        return len(taken) >= len(self._variants) and all(digest in taken for digest, _, _ in self._space)
