@@ -29,7 +29,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd",
                     help="which kernels to tune: fwd, the forward (default), or bwd, the fused backward (grad_x, "
                     "grad_weight and grad_bias; stride 1), frozen beside the forward")
-    ap.add_argument("--trials", type=cli.int_range(1), default=120, help="new variants to build and evaluate")
+    ap.add_argument("--trials", type=cli.int_range(1), default=120,
+                    help="variants each study should hold measured (run again, it measures what is left)")
     ap.add_argument("--timeout", type=cli.positive_seconds, default=None,
                     help="stop searching after this many seconds")
     ap.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid"))

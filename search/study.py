@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import FAMILIES, LAUNCH_RULES, direction_key, make_config, tune_axes
+from dwgen.space import FAMILIES, LAUNCH_RULES, Variant, direction_key, make_config, tune_axes
 from search.samplers import make_sampler
 
 DEFAULT_RUNS_DIR = Path("runs")
@@ -149,6 +149,13 @@ def measured(study: optuna.Study, p: Problem) -> dict[str, tuple[object, Result]
                 and r.direction == direction):
             out.setdefault(r.digest, (make_config(p, t.params, direction), r))
     return out
+
+
+def measured_as_rendered(study: optuna.Study, p: Problem) -> int:
+    """How many variants this study measured as the templates render them now: the study's name does not
+    change with the templates, and a variant measured before a template change is another kernel."""
+    direction = study_direction(study)
+    return sum(Variant(p, c, direction).digest == digest for digest, (c, _) in measured(study, p).items())
 
 
 def measured_extras(study: optuna.Study) -> dict[str, Result]:

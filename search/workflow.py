@@ -7,6 +7,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,6 +103,12 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
     t_start = time.perf_counter()
     study = st.open_study(problem, storage, sampler, seed, direction)
     log(f"== {direction_key(problem, direction)}: study {study.study_name}")
+    # `trials` is what the study should hold measured: the same command run again after a kill or a time-out
+    # measures what is left of it, not `trials` more
+    done = st.measured_as_rendered(study, problem)
+    trials = max(0, trials - done)
+    if done:
+        log(f"{done} variants measured before; {trials} more to measure")
     worker = (BwdGpuWorker if direction == "bwd" else GpuWorker)(problem, run_timeout_s)
     try:
         if workers is None:
@@ -111,7 +118,9 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
                                            seeds=seeds, log=log, progress=progress)
             summary = _stats_lines(stats, worker)
         else:
-            known, summary = _search_on_workers(problem, study, *workers, seeds=seeds, log=log, quiet=quiet)
+            plan, gpus = workers
+            known, summary = _search_on_workers(problem, study, replace(plan, trials=trials), gpus, seeds=seeds,
+                                                log=log, quiet=quiet)
             machine = _baselines(worker, log, direction)
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [])
     finally:

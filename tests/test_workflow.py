@@ -111,3 +111,26 @@ def test_a_strided_problem_is_refused_before_any_work(tmp_path, fake_gpu):
     with pytest.raises(workflow.UserError, match="the fused backward is stride 1 only"):
         tune(tmp_path, problems=(PROBLEM, Problem(4, 64, 1000, 3, 2, 1)))
     assert FakeBwdWorker.made == [] and not (tmp_path / "runs").exists()
+
+
+def test_trials_is_what_the_study_holds_the_same_command_measures_what_is_left(tmp_path, fake_gpu):
+    from dwgen.result import Result
+    from dwgen.space import enumerate_space, trial_params
+
+    rc, _ = tune(tmp_path, trials=6)
+    assert rc == 0 and len(FakeBwdWorker.made[-1].evaluated) == 6
+    rc, (w,) = tune(tmp_path, trials=6)  # run again (as after a time-out past the search): nothing to measure
+    assert rc == 0 and FakeBwdWorker.made[-1].evaluated == [] and FakeBwdWorker.made[-1].retimed
+    rc, _ = tune(tmp_path, trials=9)  # asked for more: the 3 it lacks
+    assert rc == 0 and len(FakeBwdWorker.made[-1].evaluated) == 3
+    # a variant measured before a template change (its digest no longer the one its config renders) is another
+    # kernel: it does not count toward the trials
+    study = st.open_study(PROBLEM, st.default_storage(tmp_path / "runs"), "tpe", 0, "bwd")
+    v = next(v for v in enumerate_space(PROBLEM, "bwd") if v.digest not in {
+        st.trial_result(t).digest for t in study.trials if st.trial_result(t)})
+    study.enqueue_trial(trial_params(PROBLEM, v.config, "bwd"))
+    trial = study.ask(st.distributions(PROBLEM, "bwd"))
+    st.record(study, trial, Result(v.name, "0" * 64, "ok", kernel_ms=1.0, copy_ms=1.0, torch_ms=6.0, direction="bwd"))
+    assert st.measured_as_rendered(study, PROBLEM) == 9 and len(st.measured(study, PROBLEM)) == 10
+    rc, _ = tune(tmp_path, trials=10)
+    assert rc == 0 and len(FakeBwdWorker.made[-1].evaluated) == 1
