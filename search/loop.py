@@ -196,8 +196,6 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
             if (isinstance(sampler, SpaceSampler) and sampler.is_exhausted(study)) or (
                     neighbours is not None and neighbours.all_taken(known.keys() | pending.keys())):
                 exhausted = True
-                if not pending:
-                    log(f"every valid variant of the space is measured ({len(known)})")
                 break
             trial = study.ask(distributions)
             stats.asked += 1
@@ -248,6 +246,8 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
             log(f"[{stats.evaluated:4d}/{trials}] {result.summary()}" + (f"  (best {best:.4f} ms)" if best else ""))
             progress.advance()
         stats.evaluate_wall_s += time.perf_counter() - t0
+    if exhausted and neighbours is not None:
+        log(f"every valid variant of the space is measured ({len(known)})")
     return known, stats
 
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import optuna
 
 from dwgen.problem import Problem
-from dwgen.space import Variant, enumerate_space, make_config, trial_params, tune_axes
+from dwgen.space import Variant, make_config, tune_axes
+from search.neighbours import valid_params
 
 
 class SpaceSampler(optuna.samplers.BaseSampler):
@@ -21,8 +22,7 @@ class SpaceSampler(optuna.samplers.BaseSampler):
     def __init__(self, problem: Problem, seed: int, direction: str = "fwd"):
         self._problem, self._direction = problem, direction
         axes = tune_axes(problem, direction)
-        self._order = [(v.digest, trial_params(problem, v.config, direction))
-                       for v in enumerate_space(problem, direction)]
+        self._order = [(digest, params) for digest, _, params in valid_params(problem, direction)]
         random.Random(seed).shuffle(self._order)
         self._space = {a: optuna.distributions.CategoricalDistribution(list(vals)) for a, vals in axes.items()}
         # what a proposal says of the axes of the families it does not choose
