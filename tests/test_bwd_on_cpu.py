@@ -159,9 +159,10 @@ CASES = [
     (Problem(2, 32, 999, 4, 1, 3, 1, "bf16", layout="blc"), Config(threads=256, outs=8, tc=32, tiles=2)),
     # walks that go on into the next batch row: rows of one tile (as Mamba's 2048 with o16), rows of two
     # tiles with a walk of 4 (a block's share straddles rows), and the last block short
-    (Problem(3, 3, 1024, 4, 1, 3, 1, "bf16", padding_right=0), Config(threads=128, outs=8, stage="rawp", tiles=4)),
-    (Problem(3, 3, 1500, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=8, stage="raw", tiles=4)),
-    (Problem(5, 2, 512, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=4, tiles=8)),
+    (Problem(3, 3, 1024, 4, 1, 3, 1, "bf16", padding_right=0),
+     Config(threads=128, outs=8, stage="rawp", tiles=4, walk="across")),
+    (Problem(3, 3, 1500, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=8, stage="raw", tiles=4, walk="across")),
+    (Problem(5, 2, 512, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=4, tiles=8, walk="across")),
 ]
 
 

@@ -180,7 +180,7 @@ def test_freeze_writes_a_backward_entry_beside_the_forwards(tmp_path):
         ("32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias", "bwd", "dw1d_bwd_f32_k3_t128_o4")]
     e = m["entries"][1]
     assert e["digest"] == back.variant.digest
-    assert e["config"] == {"threads": 128, "outs": 4, "tc": 1, "stage": "f32", "tiles": 1}
+    assert e["config"] == {"threads": 128, "outs": 4, "tc": 1, "stage": "f32", "tiles": 1, "walk": "row", "regs": 0}
     assert e["measured"] == {"kernel_ms": 0.45, "copy_ms": 0.26, "torch_ms": 1.74,
                              "x_copy": pytest.approx(1.7307692), "speedup_vs_torch": pytest.approx(3.8666667),
                              "max_rel_error": 2e-7, "reps": 40}

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -260,7 +261,7 @@ def raw_window_words(p: Problem, threads, outs, count, run_elems) -> int:
     return words + 32 if outs // per_word % 4 == 0 and apart in (2, 4, 8, 16, 32) else words
 
 
-def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles) -> bool:
+def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles, walk, regs) -> bool:
     """The fused backward family's restrictions restated from first principles."""
     vec = 16 // p.elem_bytes if p.layout == "bcl" else min(16 // p.elem_bytes, tc)
     tile = threads // tc * outs
@@ -280,7 +281,18 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles) -> bool:
     return (p.stride == 1 and (tc == 1 if p.layout == "bcl" else tc >= 16) and threads % tc == 0
             and (stage == "f32" or p.layout == "bcl") and (stage != "rawp" or p.elem_bytes == 2)
             and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024 and run <= 96
-            and tile <= max(p.length, 256) and (tiles == 1 or tile * (tiles // 2) < p.length * p.batch))
+            and tile <= max(p.length, 256) and walk_ok(p, tile, tiles, walk)
+            # 56 registers a thread: 9 blocks of 128 threads (65536 / 1152 = 56.9); 256 threads get 4 blocks
+            # (64 registers) and 512 get 2, so only 128 threads reach it; and only on the raw stages
+            and (regs == 0 or (threads == 128 and stage != "f32")))
+
+
+def walk_ok(p: Problem, tile, tiles, walk) -> bool:
+    # no walk; a walk in a row where half of it falls short of the row; across the batch's rows where half of
+    # it reaches past the row but not past all of them
+    half = tile * (tiles // 2)
+    return (walk == "row" and (tiles == 1 or half < p.length)) or (
+        walk == "across" and tiles > 1 and p.length <= half < p.length * p.batch)
 
 
 BWD_PROBLEMS = [Problem(4, 64, 1000), Problem(32, 512, 8192, dtype="bf16"), Problem(2, 8, 999, 5, 1, 4, 2),
@@ -305,16 +317,22 @@ def test_bwd_enumeration_matches_brute_force(p):
 def test_bwd_space_of_a_small_problem_by_name():
     # (B, C, L) tiles: one channel a block, threads x outs positions no longer than the row (or 256), each
     # staged as floats or as stored; a block walks n tiles only where n / 2 of them would not cover the
-    # channel's rows (4 rows of 1000 here: every walk up to 8 tiles)
+    # channel's rows (4 rows of 1000 here: every walk up to 8 tiles), in one row where n / 2 tiles fall short
+    # of it, on across rows past that (8 tiles of 256); the raw stage's 128-thread designs again with a
+    # ceiling of 56 registers (r56)
     assert [v.name for v in enumerate_space(Problem(4, 64, 1000), "bwd")] == [
         "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o2_b2", "dw1d_bwd_f32_k3_t128_o2_b4",
-        "dw1d_bwd_f32_k3_t128_o2_b8", "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o2_raw_b2",
-        "dw1d_bwd_f32_k3_t128_o2_raw_b4", "dw1d_bwd_f32_k3_t128_o2_raw_b8", "dw1d_bwd_f32_k3_t128_o4",
-        "dw1d_bwd_f32_k3_t128_o4_b2", "dw1d_bwd_f32_k3_t128_o4_b4", "dw1d_bwd_f32_k3_t128_o4_b8",
-        "dw1d_bwd_f32_k3_t128_o4_raw", "dw1d_bwd_f32_k3_t128_o4_raw_b2", "dw1d_bwd_f32_k3_t128_o4_raw_b4",
-        "dw1d_bwd_f32_k3_t128_o4_raw_b8", "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_b2",
-        "dw1d_bwd_f32_k3_t256_o2_b4", "dw1d_bwd_f32_k3_t256_o2_b8", "dw1d_bwd_f32_k3_t256_o2_raw",
-        "dw1d_bwd_f32_k3_t256_o2_raw_b2", "dw1d_bwd_f32_k3_t256_o2_raw_b4", "dw1d_bwd_f32_k3_t256_o2_raw_b8"]
+        "dw1d_bwd_f32_k3_t128_o2_b8_across", "dw1d_bwd_f32_k3_t128_o2_raw", "dw1d_bwd_f32_k3_t128_o2_raw_r56",
+        "dw1d_bwd_f32_k3_t128_o2_raw_b2", "dw1d_bwd_f32_k3_t128_o2_raw_b2_r56", "dw1d_bwd_f32_k3_t128_o2_raw_b4",
+        "dw1d_bwd_f32_k3_t128_o2_raw_b4_r56", "dw1d_bwd_f32_k3_t128_o2_raw_b8_across",
+        "dw1d_bwd_f32_k3_t128_o2_raw_b8_across_r56", "dw1d_bwd_f32_k3_t128_o4", "dw1d_bwd_f32_k3_t128_o4_b2",
+        "dw1d_bwd_f32_k3_t128_o4_b4_across", "dw1d_bwd_f32_k3_t128_o4_b8_across", "dw1d_bwd_f32_k3_t128_o4_raw",
+        "dw1d_bwd_f32_k3_t128_o4_raw_r56", "dw1d_bwd_f32_k3_t128_o4_raw_b2", "dw1d_bwd_f32_k3_t128_o4_raw_b2_r56",
+        "dw1d_bwd_f32_k3_t128_o4_raw_b4_across", "dw1d_bwd_f32_k3_t128_o4_raw_b4_across_r56",
+        "dw1d_bwd_f32_k3_t128_o4_raw_b8_across", "dw1d_bwd_f32_k3_t128_o4_raw_b8_across_r56",
+        "dw1d_bwd_f32_k3_t256_o2", "dw1d_bwd_f32_k3_t256_o2_b2", "dw1d_bwd_f32_k3_t256_o2_b4_across",
+        "dw1d_bwd_f32_k3_t256_o2_b8_across", "dw1d_bwd_f32_k3_t256_o2_raw", "dw1d_bwd_f32_k3_t256_o2_raw_b2",
+        "dw1d_bwd_f32_k3_t256_o2_raw_b4_across", "dw1d_bwd_f32_k3_t256_o2_raw_b8_across"]
 
 
 def test_bwd_golden_names_and_tokens():
@@ -335,6 +353,23 @@ def test_bwd_golden_names_and_tokens():
     assert violations(Problem(32, 512, 8192), bwd.Config(stage="rawp"), "bwd") == ["permute_needs_halves"]
     assert Variant(Problem(32, 512, 8192, dtype="fp16"), bwd.Config(threads=128, outs=16, stage="rawp"),
                    "bwd").name == "dw1d_bwd_f16_k3_t128_o16_rawp"
+    # a register ceiling: 9 blocks of 128 threads asked of ptxas, named r56; out of reach of 256 threads
+    # (4 blocks: 64 registers) and of the f32 stage
+    target = Problem(32, 512, 8192, dtype="bf16")
+    c = bwd.Config(threads=128, outs=16, stage="rawp", tiles=4, regs=56)
+    v = Variant(target, c, "bwd")
+    assert v.name == "dw1d_bwd_bf16_k3_t128_o16_rawp_b4_r56" and c.min_blocks == 9
+    assert bwd.config_from_tokens(bwd.name_tokens(c), v.name) == c
+    assert "__launch_bounds__(128, 9)" in render_variant(v)
+    assert "__launch_bounds__(128)\n" in render_variant(Variant(target, replace(c, regs=0), "bwd"))
+    assert violations(target, replace(c, threads=256, outs=8), "bwd") == ["register_ceiling_reachable"]
+    assert violations(target, replace(c, stage="f32"), "bwd") == ["register_ceiling_reachable"]
+    # a walk across rows is named, and only where the row is too short for the walk (8192 holds 4 tiles of 2048)
+    across = Variant(Problem(8, 64, 2048, 4, 1, 3, dtype="bf16"), replace(c, walk="across", regs=0), "bwd")
+    assert across.name == "dw1d_bwd_bf16_k4_t128_o16_rawp_b4_across"
+    assert bwd.config_from_tokens(bwd.name_tokens(across.config), across.name) == across.config
+    assert "constexpr bool ACROSS = true;" in render_variant(across)
+    assert violations(target, replace(c, walk="across"), "bwd") == ["walk_fits"]
 
 
 def test_bwd_violations_name_the_failed_restrictions():
@@ -352,7 +387,8 @@ def test_bwd_violations_name_the_failed_restrictions():
     for p in BWD_PROBLEMS:
         for c in all_bwd_configs():
             bad = violations(p, c, "bwd")
-            assert set(bad) <= names and (not bad) == brute_force_bwd_ok(p, c.threads, c.outs, c.tc, c.stage, c.tiles)
+            ok = brute_force_bwd_ok(p, c.threads, c.outs, c.tc, c.stage, c.tiles, c.walk, c.regs)
+            assert set(bad) <= names and (not bad) == ok
 
 
 def all_bwd_configs():

@@ -21,11 +21,21 @@ AXES: dict[str, tuple] = {
     # rawp, raw with a 16-bit run's odd parity undone by a byte permute a word rather than by a branch
     # between two widenings (one more instruction a word of an odd window, fewer registers).
     "stage": ("f32", "raw", "rawp"),
-    # Tiles a block walks along its channel tile's rows (row after row over the batch), the next tile's loads
-    # in flight while one is computed; the weights, set-up and weight-sum reduction paid once a block, one
-    # partial slot a block (token b<n>, 1 unnamed).
+    # Tiles a block walks, the next tile's loads in flight while one is computed; the weights, set-up and
+    # weight-sum reduction paid once a block, one partial slot a block (token b<n>, 1 unnamed).
     "tiles": (1, 2, 4, 8),
+    # Where the walk goes: along one row, or on across the batch's rows of its channel tile (token across),
+    # for walks longer than a row. Each walk's own: the one across rows costs instructions where a walk
+    # would stay in a row (the bf16 target's backward, docs/perf-notes.md).
+    "walk": ("row", "across"),
+    # A register ceiling for ptxas, asked through __launch_bounds__'s minimum blocks an SM (65536 registers
+    # over threads x regs), so that one more block fits beside the others at the price of a few spilled
+    # words (token r<n>; 0, unnamed, leaves ptxas free). Only where the ceiling is exactly reachable and on
+    # the raw stages, whose 56-64 registers cost the 128-thread designs their ninth block.
+    "regs": (0, 56),
 }
+
+REGISTERS_PER_SM = 65536
 
 STATIC_SMEM_BYTES = 48 * 1024  # the kernel's windows are static shared arrays
 
@@ -37,8 +47,15 @@ class Config(AxisConfig):
     tc: int = 1
     stage: str = "f32"
     tiles: int = 1
+    walk: str = "row"
+    regs: int = 0
 
     AXES = AXES
+
+    @property
+    def min_blocks(self) -> int:
+        """__launch_bounds__'s minimum blocks an SM that caps ptxas at `regs` (0: none asked)."""
+        return REGISTERS_PER_SM // (self.threads * self.regs) if self.regs else 0
 
 
 @dataclass(frozen=True)
@@ -149,10 +166,24 @@ def tile_fits_length(p: Problem, c: Config) -> bool:
     return Tiling(p, c).tile_length <= max(p.length, 256)
 
 
-def tiles_fit_rows(p: Problem, c: Config) -> bool:
-    """Walking n tiles only where half as many would not cover a channel's rows (all of the batch): past
-    that, the grid is the same as with fewer tiles a block, and the variant would repeat one already asked."""
-    return c.tiles == 1 or Tiling(p, c).tile_length * (c.tiles // 2) < p.length * p.batch
+def walk_fits(p: Problem, c: Config) -> bool:
+    """Walking n tiles only where half as many would not cover what the walk goes through (past that, the
+    grid is the same as with fewer tiles a block: a variant already asked): in one row where half the walk
+    falls short of the row, across rows where it does not but falls short of a channel's rows (the batch)."""
+    if c.tiles == 1:
+        return c.walk == "row"
+    half = Tiling(p, c).tile_length * (c.tiles // 2)
+    return half < p.length if c.walk == "row" else p.length <= half < p.length * p.batch
+
+
+def register_ceiling_reachable(p: Problem, c: Config) -> bool:
+    """A ceiling of regs is what ptxas gets from min_blocks blocks an SM (registers go in 8s a thread) and
+    takes a raw stage: elsewhere the variant would repeat another, or not be worth its compile."""
+    if not c.regs:
+        return True
+    blocks = c.min_blocks
+    return (c.stage != "f32" and blocks * c.threads <= 2048
+            and REGISTERS_PER_SM // (c.threads * blocks) // 8 * 8 == c.regs)
 
 
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
@@ -165,7 +196,8 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     fits_static_smem,
     run_fits_registers,
     tile_fits_length,
-    tiles_fit_rows,
+    walk_fits,
+    register_ceiling_reachable,
 )
 
 
@@ -177,16 +209,22 @@ def name_tokens(c: Config) -> list[str]:
         parts.append(c.stage)
     if c.tiles != 1:
         parts.append(f"b{c.tiles}")
+    if c.walk != "row":
+        parts.append(c.walk)
+    if c.regs:
+        parts.append(f"r{c.regs}")
     return parts
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
     fields: dict = {}
     for tok in tokens:
-        if tok[:1] in "tocb" and tok[1:].isdigit():
-            fields[{"t": "threads", "o": "outs", "c": "tc", "b": "tiles"}[tok[0]]] = int(tok[1:])
+        if tok[:1] in "tocbr" and tok[1:].isdigit():
+            fields[{"t": "threads", "o": "outs", "c": "tc", "b": "tiles", "r": "regs"}[tok[0]]] = int(tok[1:])
         elif tok in AXES["stage"] and tok != "f32":
             fields["stage"] = tok
+        elif tok in AXES["walk"] and tok != "row":
+            fields["walk"] = tok
         else:
             raise ValueError(f"{name}: unknown token {tok!r}")
     return Config(**fields)
@@ -198,7 +236,7 @@ def render_context(p: Problem, c: Config) -> dict:
         "threads": c.threads, "outs": c.outs, "tile_channels": c.tc, "vec": t.vec, "slack": t.slack,
         "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl", "raw": c.stage != "f32",
         "top_half": DTYPES[p.dtype].top_half, "permute": c.stage == "rawp",
-        "tiles": c.tiles,
+        "tiles": c.tiles, "across": c.walk == "across", "min_blocks": c.min_blocks,
     }
 
 
@@ -226,6 +264,10 @@ KNOWN_GOOD: tuple[Config, ...] = (
     # against 1.84x for the o8 raw design before it, H200; docs/perf-notes.md)
     Config(threads=128, outs=16, tc=1, stage="rawp", tiles=4),
     Config(threads=128, outs=8, tc=1, stage="raw", tiles=4),
+    # the same walks across batch rows, where a row holds fewer tiles than the walk: fp32 K31's backward
+    # 2.74x copy against 3.25x without a walk, bf16 K7's 1.93x against 2.06x (H200, docs/perf-notes.md)
+    Config(threads=128, outs=8, tc=1, stage="raw", tiles=4, walk="across"),
+    Config(threads=128, outs=16, tc=1, stage="rawp", tiles=4, walk="across"),
     # the raw stage: about half the instructions an output of the f32 stage's tuned designs (SASS,
     # docs/perf-notes.md); the 16-bit suite's winners since
     Config(threads=128, outs=16, tc=1, stage="raw"),
