@@ -160,8 +160,7 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
     known = {d: (Variant(problem, c, direction), r) for d, (c, r) in st.measured(study, problem).items()}
     if known:
         log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
-    else:
-        enqueue_seeds(study, problem, seeds)
+    enqueue_seeds(study, problem, seeds)
     extras_done = st.measured_extras(study)
     known.update({v.digest: (v, extras_done[v.digest]) for v in extra if v.digest in extras_done})
     _evaluate_extras(study, build, evaluator, extra, known, stats, worker, log, progress)
@@ -253,9 +252,16 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
 
 def enqueue_seeds(study: optuna.Study, problem: Problem, seeds: Sequence = ()) -> None:
     """Ask `seeds` first, then the known-good designs of the study's direction, each once (a seed that is also
-    known-good too)."""
-    for c in [*seeds, *known_good(problem, st.study_direction(study))]:
-        study.enqueue_trial(trial_params(problem, c, st.study_direction(study)), skip_if_exists=True)
+    known-good too), unless the study measured it as the templates render it now or holds it asked: a study
+    kept across a template change (its name does not change with them) asks them again, a resume does not."""
+    direction = st.study_direction(study)
+    done = st.measured(study, problem).keys()
+    asked = st.asked_params(study)
+    for c in [*seeds, *known_good(problem, direction)]:
+        params = trial_params(problem, c, direction)
+        if Variant(problem, c, direction).digest not in done and params not in asked:
+            study.enqueue_trial(params)
+            asked.append(params)
 
 
 def _batch_ticker(progress: Progress, n: int) -> Callable[[Build], None]:

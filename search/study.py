@@ -158,6 +158,11 @@ def measured_as_rendered(study: optuna.Study, p: Problem) -> int:
     return sum(Variant(p, c, direction).digest == digest for digest, (c, _) in measured(study, p).items())
 
 
+def asked_params(study: optuna.Study, states=(TrialState.WAITING, TrialState.RUNNING)) -> list[dict]:
+    """The params of the trials enqueued and not yet asked (WAITING: fixed params) or asked and not yet told."""
+    return [t.params or t.system_attrs.get("fixed_params") for t in study.get_trials(deepcopy=False, states=states)]
+
+
 def measured_extras(study: optuna.Study) -> dict[str, Result]:
     """The results of the extra variants (those passed in beside the sampler's) this study holds, by digest."""
     out: dict[str, Result] = {}
@@ -323,8 +328,7 @@ def sweep_stale(study: optuna.Study) -> list[int]:
             if t.params and SKIP_ATTR not in t.user_attrs:
                 again.append(t.params)
         swept.append(t.number)
-    waiting = [t.params or t.system_attrs.get("fixed_params")
-               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    waiting = asked_params(study, (TrialState.WAITING,))
     for params in again:
         if params not in waiting:  # a resume killed before it asked them has enqueued them already
             study.enqueue_trial(params)

@@ -170,8 +170,7 @@ def _search_on_workers(problem: Problem, study, plan: Plan, gpus: list[str], *, 
     """The search of tune.py --workers: one worker process per GPU; returns what the study holds then."""
     from search import parallel
 
-    if not st.measured(study, problem):
-        loop.enqueue_seeds(study, problem, seeds)  # once, here, before the workers race to do it
+    loop.enqueue_seeds(study, problem, seeds)  # here, before the workers race to do it
     codes = parallel.run_workers(plan, gpus, study, log=log, quiet=quiet)
     swept = st.sweep_stale(study)  # what a worker that died left running
     direction = st.study_direction(study)

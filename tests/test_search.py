@@ -86,6 +86,21 @@ def test_seeds_before_known_good(tmp_path):
     assert first == [previous, *known_good(PROBLEM)]  # a seed that is also known-good is tried once
 
 
+def test_a_kept_study_asks_its_seeds_again_after_a_template_change_a_resume_does_not(tmp_path):
+    from dwgen.space import Variant, trial_params
+
+    previous = Config(threads=512, vec=2, outs=1, halo="smem")
+    v = Variant(PROBLEM, previous)
+    study = open_study(tmp_path)  # the seed measured once, as older templates rendered it (another digest)
+    study.enqueue_trial(trial_params(PROBLEM, previous, "fwd"))
+    st.record(study, study.ask(st.distributions(PROBLEM, "fwd")),
+              Result(v.name, "0" * 64, "ok", kernel_ms=1.0, copy_ms=1.0, torch_ms=5.0))
+    _, _, first, _, _ = run(tmp_path, trials=4, seeds=[previous])
+    assert first.calls[0] == v.digest  # asked first again: its kernel is another one now
+    _, _, again, _, _ = run(tmp_path, trials=4, seeds=[previous])  # a resume: nothing measured is asked again
+    assert len(again.calls) == 4 and not set(again.calls) & set(first.calls)
+
+
 def test_previous_config_survives_a_template_change(tmp_path):
     from search.workflow import previous_config
 
