@@ -38,8 +38,10 @@ def test_suite_files_parse(tmp_path):
 
 
 @pytest.mark.nvcc
+@pytest.mark.slow
 def test_dry_run_compiles_a_small_space(tmp_path):
-    # K31 on a short row leaves a small space; the whole of it compiles without a GPU
+    # K31 on a short row leaves the forward's smallest space (80 variants, about two minutes on two cores: slow);
+    # the whole of it compiles without a GPU
     out = run("--shape", "1x1x128", "--kernel-size", "31", "--dry-run", "--runs-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "built" in out.stdout and "FAILED" not in out.stdout
