@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -160,7 +160,7 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
     known = {d: (Variant(problem, c, direction), r) for d, (c, r) in st.measured(study, problem).items()}
     if known:
         log(f"resuming: {len(known)} variants already measured in study {study.study_name}")
-    enqueue_seeds(study, problem, seeds)
+    enqueue_seeds(study, problem, seeds, measured=known.keys())
     extras_done = st.measured_extras(study)
     known.update({v.digest: (v, extras_done[v.digest]) for v in extra if v.digest in extras_done})
     _evaluate_extras(study, build, evaluator, extra, known, stats, worker, log, progress)
@@ -250,12 +250,14 @@ def _search(problem: Problem, study: optuna.Study, build: Builder, evaluator: Ev
     return known, stats
 
 
-def enqueue_seeds(study: optuna.Study, problem: Problem, seeds: Sequence = ()) -> None:
+def enqueue_seeds(study: optuna.Study, problem: Problem, seeds: Sequence = (),
+                  measured: Collection[str] | None = None) -> None:
     """Ask `seeds` first, then the known-good designs of the study's direction, each once (a seed that is also
     known-good too), unless the study measured it as the templates render it now or holds it asked: a study
-    kept across a template change (its name does not change with them) asks them again, a resume does not."""
+    kept across a template change (its name does not change with them) asks them again, a resume does not.
+    `measured`: the digests the study measured, where the caller has read them already."""
     direction = st.study_direction(study)
-    done = st.measured(study, problem).keys()
+    done = st.measured(study, problem).keys() if measured is None else measured
     asked = st.asked_params(study)
     for c in [*seeds, *known_good(problem, direction)]:
         params = trial_params(problem, c, direction)
