@@ -117,6 +117,30 @@ def test_previous_config_survives_a_template_change(tmp_path):
     assert previous_config(PROBLEM, tmp_path) is None
 
 
+def test_designs_frozen_for_nearby_problems_are_asked_after_the_own(tmp_path):
+    from search.workflow import SIBLING_SEEDS, sibling_configs
+
+    def entry(p, config, direction="fwd"):
+        return {"key": p.key, "problem": p.to_dict(), "config": config, "digest": "any", "direction": direction}
+
+    own = {"threads": 64, "vec": 4, "outs": 2, "halo": "l1"}
+    same_k = {"threads": 128, "vec": 4, "outs": 2, "halo": "l1"}
+    other_k = {"threads": 256, "vec": 4, "outs": 1, "halo": "l1"}
+    entries = [entry(Problem(8, 64, 4096, 7, 1, 3), other_k),  # another kernel size: after the same one
+               entry(PROBLEM, own),  # the problem's own design: previous_config's, not a sibling
+               entry(Problem(2, 32, 512), same_k),
+               entry(Problem(4, 64, 1024), same_k),  # the same design twice is asked once
+               entry(Problem(2, 32, 512, dtype="bf16"), {"threads": 512, "vec": 8, "outs": 1, "halo": "l1"}),
+               entry(Problem(4, 64, 1024), {"threads": 1024, "vec": 4, "outs": 4, "run": 4, "halo": "shfl"}),
+               entry(Problem(2, 32, 512), {"threads": 128, "outs": 4}, "bwd")]
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "entries": entries}))
+    assert SIBLING_SEEDS == 2
+    assert sibling_configs(PROBLEM, tmp_path) == [Config(**same_k), Config(**other_k)]
+    # neither another dtype's design (a bf16 one) nor one invalid here (1024 threads) nor another direction's
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "entries": entries[4:]}))
+    assert sibling_configs(PROBLEM, tmp_path) == []
+
+
 def test_resume_continues_without_repeating(tmp_path):
     run(tmp_path, trials=12)
     known, stats, ev, b, study = run(tmp_path, trials=12)

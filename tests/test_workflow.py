@@ -107,6 +107,20 @@ def test_a_frozen_backward_winner_seeds_and_joins_the_next_tune(tmp_path, fake_g
     assert v in worker.retimed[0] and w.variant != v  # re-timed beside the finalists, and beaten by the best
 
 
+def test_a_design_frozen_for_a_nearby_problem_is_asked_after_the_own(tmp_path, fake_gpu):
+    from dwgen.result import Result
+    from dwgen.space import Variant, known_good
+
+    nearby = Variant(Problem(8, 64, 2048), bwd.Config(threads=128, outs=4), "bwd")  # another length, same K
+    assert nearby.config not in known_good(PROBLEM, "bwd")
+    r = Result(nearby.name, nearby.digest, "ok", kernel_ms=1.0, copy_ms=1.0, torch_ms=6.0, direction="bwd")
+    out = tmp_path / "generated"
+    freeze.freeze([freeze.Winner(nearby, r, FakeBwdWorker(PROBLEM).machine())], out, log=lambda s: None)
+    FakeBwdWorker.made = []
+    rc, _ = tune(tmp_path, out=out)
+    assert rc == 0 and FakeBwdWorker.made[0].evaluated[0] == Variant(PROBLEM, nearby.config, "bwd")
+
+
 def test_a_strided_problem_is_refused_before_any_work(tmp_path, fake_gpu):
     with pytest.raises(workflow.UserError, match="the fused backward is stride 1 only"):
         tune(tmp_path, problems=(PROBLEM, Problem(4, 64, 1000, 3, 2, 1)))
