@@ -6,7 +6,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,11 +61,16 @@ def make_builder(cache_dir: Path, arch: str, jobs: int | None, timeout_s: float 
     return build
 
 
+def _frozen_entries(out_dir: Path) -> list[dict]:
+    """generated/'s manifest entries, current or not (none from a manifest of another schema)."""
+    m = frz.read_manifest(out_dir)
+    return m.get("entries", []) if m.get("schema") == frz.SCHEMA else []
+
+
 def _frozen_entry(problem: Problem, out_dir: Path, direction: str = "fwd") -> dict | None:
     """generated/'s manifest entry for this problem in a direction, current or not."""
-    m = frz.read_manifest(out_dir)
-    entries = m.get("entries", []) if m.get("schema") == frz.SCHEMA else []
-    return next((e for e in entries if e["key"] == problem.key and frz.entry_direction(e) == direction), None)
+    return next((e for e in _frozen_entries(out_dir)
+                 if e["key"] == problem.key and frz.entry_direction(e) == direction), None)
 
 
 def frozen_variant(problem: Problem, out_dir: Path, direction: str = "fwd") -> Variant | None:
@@ -96,13 +101,12 @@ def previous_config(problem: Problem, out_dir: Path, direction: str = "fwd"):
 SIBLING_SEEDS = 2
 
 
-def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd") -> list:
+def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd", besides: Sequence = ()) -> list:
     """Designs generated/ froze for other problems of this direction, dtype and layout that are valid for
-    this one, nearest first (the same kernel size, then the same activation), at most SIBLING_SEEDS."""
-    m = frz.read_manifest(out_dir)
-    entries = m.get("entries", []) if m.get("schema") == frz.SCHEMA else []
+    this one and not among `besides`, nearest first (the same kernel size, then the same activation), at most
+    SIBLING_SEEDS."""
     near: list[tuple[tuple, object]] = []
-    for e in entries:
+    for e in _frozen_entries(out_dir):
         q = e.get("problem", {})
         if (e["key"] == problem.key or frz.entry_direction(e) != direction or q.get("dtype") != problem.dtype
                 or q.get("layout") != problem.layout):
@@ -113,7 +117,7 @@ def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd") -> 
                           e["key"]), config))
     out: list = []
     for _, config in sorted(near, key=lambda n: n[0]):
-        if config not in out:
+        if config not in out and config not in besides:
             out.append(config)
     return out[:SIBLING_SEEDS]
 
@@ -286,8 +290,9 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     winners: list[frz.Winner] = []
     for p in problems:
         previous = previous_config(p, seeds_from or out_dir, direction)
-        siblings = [c for c in sibling_configs(p, seeds_from or out_dir, direction) if c != previous]
-        seeds = (*([previous] if previous else []), *siblings)
+        own = [previous] if previous else []
+        siblings = sibling_configs(p, seeds_from or out_dir, direction, besides=own)
+        seeds = (*own, *siblings)
         if siblings:
             log(f"{direction_key(p, direction)}: asks first "
                 + ", ".join(Variant(p, c, direction).name for c in seeds) + " (frozen here and for nearby problems)")

@@ -136,6 +136,8 @@ def test_designs_frozen_for_nearby_problems_are_asked_after_the_own(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "entries": entries}))
     assert SIBLING_SEEDS == 2
     assert sibling_configs(PROBLEM, tmp_path) == [Config(**same_k), Config(**other_k)]
+    # a sibling's design that is the problem's own already leaves its place to the next one
+    assert sibling_configs(PROBLEM, tmp_path, besides=[Config(**same_k)]) == [Config(**other_k)]
     # neither another dtype's design (a bf16 one) nor one invalid here (1024 threads) nor another direction's
     (tmp_path / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "entries": entries[4:]}))
     assert sibling_configs(PROBLEM, tmp_path) == []
