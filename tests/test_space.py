@@ -283,8 +283,10 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles, walk, regs) 
             and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024 and run <= 96
             and tile <= max(p.length, 256) and walk_ok(p, tile, tiles, walk)
             # 56 registers a thread: 9 blocks of 128 threads (65536 / 1152 = 56.9); 256 threads get 4 blocks
-            # (64 registers) and 512 get 2, so only 128 threads reach it; and only on the raw stages
-            and (regs == 0 or (threads == 128 and stage != "f32")))
+            # (64 registers) and 512 get 2, so only 128 threads reach it; and only on the raw stages.
+            # 128: 4 blocks of 128 threads or 2 of 256 (512 threads cannot take more anyway); long filters only
+            and (regs == 0 or (regs == 56 and threads == 128 and stage != "f32")
+                 or (regs == 128 and threads in (128, 256) and p.kernel_size >= 16)))
 
 
 def walk_ok(p: Problem, tile, tiles, walk) -> bool:
@@ -364,6 +366,15 @@ def test_bwd_golden_names_and_tokens():
     assert "__launch_bounds__(128)\n" in render_variant(Variant(target, replace(c, regs=0), "bwd"))
     assert violations(target, replace(c, threads=256, outs=8), "bwd") == ["register_ceiling_reachable"]
     assert violations(target, replace(c, stage="f32"), "bwd") == ["register_ceiling_reachable"]
+    # 128 registers (4 blocks of 128 threads, any stage) only for long filters: short ones take fewer anyway
+    k31 = Problem(32, 512, 1024, 31, 1, 15, dtype="fp16")
+    capped = Variant(k31, bwd.Config(threads=128, outs=8, tiles=4, walk="across", regs=128), "bwd")
+    assert capped.name == "dw1d_bwd_f16_k31_t128_o8_b4_across_r128" and capped.config.min_blocks == 4
+    assert "__launch_bounds__(128, 4)" in render_variant(capped)
+    assert violations(target, replace(c, regs=128), "bwd") == ["register_ceiling_reachable"]
+    k17 = Problem(4, 64, 4096, 17, 1, 8)  # 512 threads hold at most 128 registers a thread already
+    assert violations(k17, bwd.Config(threads=512, outs=2, regs=128), "bwd") == ["register_ceiling_reachable"]
+    assert violations(k17, bwd.Config(threads=256, outs=2, regs=128), "bwd") == []
     # a walk across rows is named, and only where the row is too short for the walk (8192 holds 4 tiles of 2048)
     across = Variant(Problem(8, 64, 2048, 4, 1, 3, dtype="bf16"), replace(c, walk="across", regs=0), "bwd")
     assert across.name == "dw1d_bwd_bf16_k4_t128_o16_rawp_b4_across"

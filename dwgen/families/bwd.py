@@ -30,9 +30,11 @@ AXES: dict[str, tuple] = {
     "walk": ("row", "across"),
     # A register ceiling for ptxas, asked through __launch_bounds__'s minimum blocks an SM (65536 registers
     # over threads x regs), so that one more block fits beside the others at the price of a few spilled
-    # words (token r<n>; 0, unnamed, leaves ptxas free). Only where the ceiling is exactly reachable and on
-    # the raw stages, whose 56-64 registers cost the 128-thread designs their ninth block.
-    "regs": (0, 56),
+    # words (token r<n>; 0, unnamed, leaves ptxas free). Only where the ceiling is exactly reachable and
+    # below what the block size enforces anyway; 56 on the raw stages, whose 56-64 registers cost the
+    # 128-thread designs their ninth block; 128 for long filters, whose 16-bit walks take 168-254 (fp16 K31's
+    # `t128_o8_b4_across` fits 128 with no spill: 4 blocks an SM instead of 3; docs/perf-notes.md).
+    "regs": (0, 56, 128),
 }
 
 REGISTERS_PER_SM = 65536
@@ -176,14 +178,22 @@ def walk_fits(p: Problem, c: Config) -> bool:
     return half < p.length if c.walk == "row" else p.length <= half < p.length * p.batch
 
 
+# The designs each register ceiling is for: elsewhere the ceiling is above what ptxas takes (the variant would
+# repeat its uncapped twin) or not worth its compile.
+CEILING_FOR: dict[int, Callable[[Problem, Config], bool]] = {
+    56: lambda p, c: c.stage != "f32",
+    128: lambda p, c: p.kernel_size >= 16,
+}
+
+
 def register_ceiling_reachable(p: Problem, c: Config) -> bool:
-    """A ceiling of regs is what ptxas gets from min_blocks blocks an SM (registers go in 8s a thread) and
-    takes a raw stage: elsewhere the variant would repeat another, or not be worth its compile."""
+    """A ceiling of regs is what ptxas gets from min_blocks blocks an SM (registers go in 8s a thread), lies
+    below the block size's own limit, and is one for this design."""
     if not c.regs:
         return True
     blocks = c.min_blocks
-    return (c.stage != "f32" and blocks * c.threads <= 2048
-            and REGISTERS_PER_SM // (c.threads * blocks) // 8 * 8 == c.regs)
+    return (blocks * c.threads <= 2048 and c.threads * c.regs < REGISTERS_PER_SM
+            and REGISTERS_PER_SM // (c.threads * blocks) // 8 * 8 == c.regs and CEILING_FOR[c.regs](p, c))
 
 
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
