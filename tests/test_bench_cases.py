@@ -57,9 +57,12 @@ def test_causal_case_pads_the_left_only_and_keeps_the_length(tmp_path):
 
 def test_non_causal_training_case_keeps_problems_bytes_and_key_and_names_its_direction(tmp_path):
     suite = tmp_path / "t.txt"
-    suite.write_text("--shape 32x512x8192 -k 3 --padding 1 --backward\n")
-    (case,) = read_cases(suite)
+    suite.write_text("--shape 32x512x8192 -k 3 --padding 1 --backward\n--shape 32x512x8192 -k 3 --padding 1 "
+                     "--backward --graph\n")
+    case, graphed = read_cases(suite)
     p = Problem(32, 512, 8192, 3, 1, 1)
+    # --graph times the same problem as CUDA-graph replays: the key and rows are the problem's own
+    assert not case.graph and graphed.graph and graphed.key == case.key == p.key
     assert (case.out_length, case.min_bytes, case.key) == (p.out_length, p.min_bytes, p.key)
     # a forward-suite row of the same problem keeps p.key: search/report.py finds the forward by it
     assert {case.row_key(d) for d in DIRECTIONS} == {f"{p.key}_fwd", f"{p.key}_bwd", f"{p.key}_fwd+bwd"}
@@ -82,6 +85,8 @@ def test_bad_case_lines_are_refused_with_their_place(tmp_path, line, message):
 def test_case_refuses_what_a_problem_refuses():
     with pytest.raises(ProblemError, match="backward must be True or False"):
         Case(2, 4, 64, 4, backward=1)
+    with pytest.raises(ProblemError, match="graph must be True or False"):
+        Case(2, 4, 64, 4, backward=True, graph="yes")
     with pytest.raises(ProblemError, match="unknown activation"):
         Case(2, 4, 64, 3, activation="gelu")
     assert Case(2, 4, 64, 4, padding=3, padding_right=0).out_length == 64

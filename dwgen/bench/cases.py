@@ -18,13 +18,17 @@ DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 @dataclass(frozen=True)
 class Case(Problem):
     """A Problem as a model runs it. backward: time the backward and the whole step beside the forward, on
-    inputs that require grad."""
+    inputs that require grad. graph: time it as CUDA-graph replays even where its data outgrow L2, for a step
+    whose host work (an autograd backward costs 150 µs or more of CPU) outlasts its GPU work, where plain calls
+    would time the host."""
 
     backward: bool = False
+    graph: bool = False
 
     def __post_init__(self) -> None:
-        if type(self.backward) is not bool:
-            raise ProblemError(f"backward must be True or False, got {self.backward!r}")
+        for name in ("backward", "graph"):
+            if type(getattr(self, name)) is not bool:
+                raise ProblemError(f"{name} must be True or False, got {getattr(self, name)!r}")
         super().__post_init__()
 
     @property
@@ -51,10 +55,11 @@ class Case(Problem):
 def add_case_arguments(ap: argparse.ArgumentParser) -> None:
     """The benchmark's flag beyond the problem flags of dwgen/suite.py."""
     ap.add_argument("--backward", action="store_true", help="time bwd and fwd+bwd beside fwd")
+    ap.add_argument("--graph", action="store_true", help="time as CUDA-graph replays (a host-bound step)")
 
 
 def case_from_args(a: argparse.Namespace) -> Case:
-    return Case(**problem_from_args(a).to_dict(), backward=a.backward)
+    return Case(**problem_from_args(a).to_dict(), backward=a.backward, graph=a.graph)
 
 
 def read_cases(path: Path) -> list[Case]:
