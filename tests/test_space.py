@@ -285,10 +285,10 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles, walk, regs) 
             # 56 registers a thread: 9 blocks of 128 threads (65536 / 1152 = 56.9); 256 threads get 4 blocks
             # (64 registers) and 512 get 2, so only 128 threads reach it; and only on the raw stages.
             # 128: 4 blocks of 128 threads or 2 of 256 (512 threads cannot take more anyway); long filters only
-            # 64 (8, 4 or 2 blocks) and 80 (6 of 128 threads, 3 of 256; 1 of 512 would allow 128): (B, L, C) only
+            # 80: 6 blocks of 128 threads or 3 of 256 (1 of 512 would allow 128); (B, L, C) only
             and (regs == 0 or (regs == 56 and threads == 128 and stage != "f32")
                  or (regs == 128 and threads in (128, 256) and p.kernel_size >= 16)
-                 or (regs == 64 and p.layout == "blc") or (regs == 80 and threads in (128, 256) and p.layout == "blc")))
+                 or (regs == 80 and threads in (128, 256) and p.layout == "blc")))
 
 
 def walk_ok(p: Problem, tile, tiles, walk) -> bool:
@@ -377,12 +377,11 @@ def test_bwd_golden_names_and_tokens():
     k17 = Problem(4, 64, 4096, 17, 1, 8)  # 512 threads hold at most 128 registers a thread already
     assert violations(k17, bwd.Config(threads=512, outs=2, regs=128), "bwd") == ["register_ceiling_reachable"]
     assert violations(k17, bwd.Config(threads=256, outs=2, regs=128), "bwd") == []
-    # 80 and 64 over (B, L, C) only (6 and 8 blocks of 128 threads): its SiLU designs hold 96 registers
+    # 80 over (B, L, C) only (6 blocks of 128 threads): its SiLU designs hold 96 registers
     mamba = Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc", activation="silu")
     c64 = bwd.Config(threads=128, outs=16, tc=64, tiles=8, regs=80)
     assert Variant(mamba, c64, "bwd").name == "dw1d_bwd_bf16_k4_t128_o16_c64_b8_r80" and c64.min_blocks == 6
     assert "__launch_bounds__(128, 6)" in render_variant(Variant(mamba, c64, "bwd"))
-    assert violations(mamba, replace(c64, regs=64), "bwd") == [] and replace(c64, regs=64).min_blocks == 8
     assert violations(mamba, replace(c64, threads=512, outs=4, regs=80), "bwd") == ["register_ceiling_reachable"]
     assert violations(target, replace(c, regs=80), "bwd") == ["register_ceiling_reachable"]
     # a walk across rows is named, and only where the row is too short for the walk (8192 holds 4 tiles of 2048)

@@ -33,9 +33,10 @@ AXES: dict[str, tuple] = {
     # words (token r<n>; 0, unnamed, leaves ptxas free). Only where the ceiling is exactly reachable and
     # below what the block size enforces anyway; 56 on the raw stages, whose 56-64 registers cost the
     # 128-thread designs their ninth block; 128 for long filters, whose 16-bit walks take 168-254 (fp16 K31's
-    # `t128_o8_b4_across` fits 128 with no spill: 4 blocks an SM instead of 3; docs/perf-notes.md); 64 and 80
-    # over (B, L, C), whose SiLU designs hold 96 registers for 29% occupancy (Nsight Compute, eleventh session).
-    "regs": (0, 56, 64, 80, 128),
+    # `t128_o8_b4_across` fits 128 with no spill: 4 blocks an SM instead of 3; docs/perf-notes.md); 80 over
+    # (B, L, C), whose SiLU designs hold 96 registers for 29% occupancy (Nsight Compute, eleventh session; 64
+    # spilled there and lost to its twins in every measurement).
+    "regs": (0, 56, 80, 128),
 }
 
 REGISTERS_PER_SM = 65536
@@ -183,7 +184,6 @@ def walk_fits(p: Problem, c: Config) -> bool:
 # repeat its uncapped twin) or not worth its compile.
 CEILING_FOR: dict[int, Callable[[Problem, Config], bool]] = {
     56: lambda p, c: c.stage != "f32",
-    64: lambda p, c: p.layout == "blc",
     80: lambda p, c: p.layout == "blc",
     128: lambda p, c: p.kernel_size >= 16,
 }
