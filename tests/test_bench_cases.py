@@ -73,6 +73,7 @@ def test_non_causal_training_case_keeps_problems_bytes_and_key_and_names_its_dir
     ("--shape 2x4x64 -k 4 --padding left", "t.txt:1: argument --padding: 'left' is neither 'same', 'causal' nor"),
     ("--shape 2x4x64 --activation relu", "t.txt:1: argument --activation: invalid choice: 'relu'"),
     ("--shape 2x4x64 --direction bwd", "t.txt:1: unrecognized arguments: --direction bwd"),
+    ("--shape 2x4x64 --graph", "t.txt:1: --graph applies to training lines only"),
 ])
 def test_bad_case_lines_are_refused_with_their_place(tmp_path, line, message):
     suite = tmp_path / "t.txt"
@@ -87,6 +88,8 @@ def test_case_refuses_what_a_problem_refuses():
         Case(2, 4, 64, 4, backward=1)
     with pytest.raises(ProblemError, match="graph must be True or False"):
         Case(2, 4, 64, 4, backward=True, graph="yes")
+    with pytest.raises(ProblemError, match="--graph applies to training lines only"):
+        Case(2, 4, 64, 4, graph=True)
     with pytest.raises(ProblemError, match="unknown activation"):
         Case(2, 4, 64, 3, activation="gelu")
     assert Case(2, 4, 64, 4, padding=3, padding_right=0).out_length == 64

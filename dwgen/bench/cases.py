@@ -29,6 +29,8 @@ class Case(Problem):
         for name in ("backward", "graph"):
             if type(getattr(self, name)) is not bool:
                 raise ProblemError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.graph and not self.backward:  # the forward bench graphs by size alone: it would be ignored
+            raise ProblemError("--graph applies to training lines only: add --backward, or drop --graph")
         super().__post_init__()
 
     @property
