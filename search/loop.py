@@ -300,11 +300,13 @@ def finalists(known: dict[str, tuple[Variant, Result]], n: int = FINALISTS) -> l
 
 
 def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: Evaluator,
-           rounds: int = RETIME_ROUNDS, extra: list[Variant] = ()) -> tuple[Variant, Result, dict[str, float]] | None:
+           rounds: int = RETIME_ROUNDS, extra: list[Variant] = (), keep: Variant | None = None,
+           keep_within: float = 0.0) -> tuple[Variant, Result, dict[str, float]] | None:
     """Re-time the best few interleaved with copy_ and PyTorch, and declare the winner on those times.
 
     `extra` variants (the one frozen before, say) are re-timed alongside for comparison when they
-    passed the check in this study; they can win like any finalist.
+    passed the check in this study; they can win like any finalist. `keep` (the frozen design) stays the
+    winner unless another beats it by more than `keep_within` (a fraction of its time).
     """
     top = finalists(known)
     if not top:
@@ -316,5 +318,7 @@ def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: 
     times = evaluator.retime(cands, rounds)
     scored = [(v, r) for v, r in top if v.name in times]
     v, r = min(scored, key=lambda vr: times[vr[0].name])
+    if keep is not None and keep.name in times and times[keep.name] <= times[v.name] * (1 + keep_within):
+        v, r = next((kv, kr) for kv, kr in scored if kv.name == keep.name)
     winner = r.with_(kernel_ms=times[v.name], copy_ms=times["copy_"], torch_ms=times["torch"], reps=rounds)
     return v, winner, times

@@ -175,6 +175,32 @@ def test_every_sampler_finds_correct_variants(tmp_path, sampler):
     assert r.ok and r.kernel_ms == min(fake_time(v) for v, _ in known.values())
 
 
+class ScaledRetime(FakeEvaluator):
+    """Re-times one variant `factor` times its fake time (the others as they are)."""
+
+    def __init__(self, name: str, factor: float):
+        super().__init__()
+        self.name, self.factor = name, factor
+
+    def retime(self, cands, rounds):
+        times = super().retime(cands, rounds)
+        times[self.name] *= self.factor
+        return times
+
+
+@pytest.mark.parametrize("slower,kept", [(1.005, True), (1.0099, True), (1.02, False)])
+def test_the_frozen_design_stays_unless_beaten_by_more_than_the_noise(tmp_path, slower, kept):
+    known, _, _, _, _ = run(tmp_path, trials=16)
+    best = min((v for v, _ in known.values()), key=fake_time)
+    frozen = sorted((v for v, _ in known.values()), key=fake_time)[5]  # not a finalist: re-timed as the extra
+    ev = ScaledRetime(frozen.name, fake_time(best) / fake_time(frozen) * slower)
+    v, r, times = loop.decide(known, FakeBuilder(), ev, extra=[frozen], keep=frozen, keep_within=0.01)
+    assert v.name == (frozen.name if kept else best.name)
+    assert r.kernel_ms == times[v.name]
+    # without `keep`, the fastest re-timing wins as before
+    assert loop.decide(known, FakeBuilder(), ev, extra=[frozen])[0].name == best.name
+
+
 def test_grid_sampler_stops_when_space_is_exhausted(tmp_path):
     p = Problem(1, 2, 63, 3, 2, 1)  # odd lengths: vec 1 only, few variants
     study = st.open_study(p, None, "grid", 0)
