@@ -139,7 +139,9 @@ def _launcher_table(text: str) -> tuple[dict[int, str], dict[str, str]]:
     return ({int(i): n for n, i in _TABLE_ROW.findall(text)}, dict(_DECLARATION.findall(text)))
 
 
-TC_FAMILY = "dw1d_tc"  # the tensor-core forward: an Inf or NaN input spreads to nearby outputs (README)
+# The tensor-core forward, and the split backward whose grad_x it computes: an Inf or NaN input spreads to
+# nearby outputs (README)
+TC_FAMILIES = ("dw1d_tc", "dw1d_bwdtc")
 
 
 @dataclass
@@ -193,7 +195,7 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
         direction = e.get("direction", "fwd") if why is None else None
         if why is None and t.kernels[e["kernel"]][1]["direction"] != direction:
             why = f"its kernel is not a {'forward' if direction == 'fwd' else 'backward'} kernel"
-        if why is None and not tensor_cores and t.kernels[e["kernel"]][1]["config"].get("family") == TC_FAMILY:
+        if why is None and not tensor_cores and t.kernels[e["kernel"]][1]["config"].get("family") in TC_FAMILIES:
             continue  # the user asked for IEEE non-finite behaviour over the tensor cores' speed
         if why is None and capability is not None and e["machine"]["capability"] != capability:
             foreign.add(e["machine"]["capability"])

@@ -19,6 +19,9 @@ _ENV = jinja2.Environment(
 )
 
 _INT_RANGE = (-(2**20), 2**20)
+# Fields that hold the context of a kernel a family renders inside its own (the split backward's grad_x):
+# validated as a context themselves; a dict anywhere else is refused.
+_NESTED_CONTEXTS = ("gx",)
 _TOKEN = re.compile(r"^[a-z0-9_]{1,32}$")
 
 ANY_THREADS = 256
@@ -64,10 +67,13 @@ def _identifier(name: str) -> str:
 
 
 def _validated(ctx: dict) -> dict:
-    """Every family value as the template may see it: ints in range, bools as C++, tokens, lists of ints."""
+    """Every family value as the template may see it: ints in range, bools as C++, tokens, lists of ints, and
+    the context of a kernel a family renders inside its own (a dict, validated the same way)."""
     out = {}
     for key, v in ctx.items():
-        if type(v) is bool:
+        if type(v) is dict and key in _NESTED_CONTEXTS:
+            out[key] = _validated(v)
+        elif type(v) is bool:
             out[key] = _cpp_bool(v)
         elif type(v) is int:
             out[key] = _cpp_int(v)
@@ -111,6 +117,7 @@ def render_family(template: str, family_ctx: dict, dtype: str, name: str, digest
         "digest": digest,
         "vec_type": d.vector_type(family_ctx["vec"]),
         "launch_params": contract.cpp_params(direction),
+        "fwd_launch_params": contract.cpp_params("fwd"),  # for a forward kernel a backward launches
     }
     return _ENV.get_template(template).render(**ctx)
 

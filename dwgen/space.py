@@ -11,8 +11,8 @@ from pathlib import Path
 from types import ModuleType
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, bwd, tc
-from dwgen.problem import Problem, ProblemError
+from dwgen.families import bcl, blc, bwd, bwdtc, tc
+from dwgen.problem import ACTIVATIONS, Problem, ProblemError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 COMMON_TEMPLATE = "_common.cu.j2"
@@ -57,6 +57,12 @@ class Family:
         """Whether any variant of this family can serve p (a module may say so cheaply; else assume it can)."""
         return getattr(self.module, "applies", lambda _: True)(p)
 
+    @property
+    def activations(self) -> tuple[str, ...]:
+        """The activations its launch takes at run time (every one unless the module says fewer): what the
+        checks run it with besides its problem's own."""
+        return getattr(self.module, "ACTIVATIONS", ACTIVATIONS)
+
 
 # Each (direction, layout) has one or more families; the first is its primary one: the generic fast path
 # and a tune's plain parameter names are its. The others join a tune where they apply, their parameters
@@ -64,7 +70,7 @@ class Family:
 FAMILIES: dict[tuple[str, str], tuple[Family, ...]] = {
     ("fwd", "bcl"): (Family("dw1d", "fwd", "bcl", bcl), Family("dw1d_tc", "fwd", "bcl", tc)),
     ("fwd", "blc"): (Family("dw1d", "fwd", "blc", blc),),
-    ("bwd", "bcl"): (Family("dw1d_bwd", "bwd", "bcl", bwd),),
+    ("bwd", "bcl"): (Family("dw1d_bwd", "bwd", "bcl", bwd), Family("dw1d_bwdtc", "bwd", "bcl", bwdtc)),
     ("bwd", "blc"): (Family("dw1d_bwd", "bwd", "blc", bwd),),
 }
 DIRECTIONS = ("fwd", "bwd")

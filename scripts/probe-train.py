@@ -16,6 +16,7 @@ CASES = [  # B, C, L, K, dtype, layout, padding, activation
     (8, 4096, 2048, 4, torch.bfloat16, "bcl", "causal", "silu"),
     (8, 4096, 2048, 4, torch.bfloat16, "blc", "causal", "silu"),
     (16, 1024, 4096, 7, torch.float32, "bcl", 3, None),
+    (32, 512, 1024, 31, torch.float16, "bcl", 15, None),  # Conformer: the split backward (ncu case 5)
 ]
 
 

@@ -59,6 +59,29 @@ def test_sampled_backward_variants_pass_the_workers_check(p, tmp_path):
     assert worker.restarts == 0
 
 
+# The split backward (weight-gradient kernel, grad_x on tensor cores): Conformer's K31 and a causal, dilated
+# bf16 K17 with bias, each on a few of its own variants (the worker checks them on their edge problems too).
+SPLIT_PROBLEMS = [Problem(4, 32, 1024, 31, 1, 15, dtype="fp16"),
+                  Problem(3, 16, 999, 17, 1, 32, 2, dtype="bf16", bias=True, padding_right=0)]
+
+
+@pytest.mark.parametrize("p", SPLIT_PROBLEMS, ids=lambda p: p.key)
+def test_sampled_split_backward_variants_pass_the_workers_check(p, tmp_path):
+    space = [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdtc"]
+    assert space
+    vs = random.Random(1).sample(space, min(4, len(space)))
+    builds = _built(vs, tmp_path)
+    assert all(b.ok for b in builds), [b.log for b in builds if not b.ok]
+    worker = BwdGpuWorker(p)
+    try:
+        results = [worker.evaluate(Candidate(v, b.library), Result(v.name, v.digest, "ok", direction="bwd"))
+                   for v, b in zip(vs, builds, strict=True)]
+        assert not [r.summary() for r in results if not r.ok]
+    finally:
+        worker.close()
+    assert worker.restarts == 0
+
+
 def test_a_forward_library_is_no_backward_kernel(tmp_path):
     """A library whose launch is not the backward's (here, no such symbol) fails the candidate, not the search."""
     p = Problem(4, 64, 1000)

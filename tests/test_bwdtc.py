@@ -1,0 +1,186 @@
+"""The split backward for long 16-bit filters (dwgen/families/bwdtc.py): which problems it serves, its names,
+its render (the tensor-core forward inside it, launched for grad_x), and its weight-gradient kernel run on the
+CPU (tests/cuda_on_cpu.h) against float64. grad_x runs on tensor cores, so only the GPU tests check it."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from dwgen import render
+from dwgen.check import compare, grad_output, make_inputs
+from dwgen.families import bwdtc, tc
+from dwgen.problem import Problem
+from dwgen.space import Variant, enumerate_space, families_of, variant_from_name, violations
+from tests.cuda_on_cpu import HERE, PRELUDE, raw
+from tests.test_bwd_on_cpu import reference
+
+CONFORMER = Problem(32, 512, 1024, 31, 1, 15, 1, "fp16")
+
+
+def split_variants(p: Problem) -> list[Variant]:
+    return [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdtc"]
+
+
+@pytest.mark.parametrize("p,serves", [
+    (CONFORMER, True),
+    (replace(CONFORMER, dtype="bf16"), True),
+    (replace(CONFORMER, padding=30, padding_right=0), True),  # causal
+    (replace(CONFORMER, dtype="fp32"), False),  # no fp32 tensor-core forward
+    (replace(CONFORMER, layout="blc"), False),
+    (replace(CONFORMER, activation="silu", padding=30, padding_right=0), False),
+    (replace(CONFORMER, kernel_size=7, padding=3), False),  # short filters: the fused family's
+    (replace(CONFORMER, padding=31, padding_right=31), False),  # grad_x's padding would be negative
+    (replace(CONFORMER, stride=2), False),
+])
+def test_serves_long_16bit_filters_over_bcl_only(p, serves):
+    assert (("dw1d_bwdtc" in [f.name for f in families_of(p, "bwd")]) is serves)
+    assert bool(split_variants(p)) is serves
+
+
+def test_names_round_trip_and_the_grad_x_design_is_a_forward_of_the_mirrored_problem():
+    vs = split_variants(CONFORMER)
+    assert len(vs) > 50
+    for v in vs:
+        assert variant_from_name(v.name, CONFORMER, "bwd") == v
+        q = bwdtc.mirrored(CONFORMER)
+        assert (q.length, q.out_length, q.padding, q.padding_right) == (1024, 1024, 15, 15)
+        assert not [r.__name__ for r in tc.RESTRICTIONS if not r(q, v.config.gx)]
+    causal = bwdtc.mirrored(replace(CONFORMER, padding=30, padding_right=0))
+    assert (causal.padding, causal.padding_right, causal.out_length) == (0, 30, 1024)
+    with pytest.raises(ValueError):
+        variant_from_name(vs[0].name + "_x", CONFORMER, "bwd")
+
+
+def test_edge_problems_keep_within_what_the_launch_serves():
+    """Edges break the tuning's length rules on purpose, never the launch's own (paddings within the halo)."""
+    for p in (CONFORMER, replace(CONFORMER, padding=30, padding_right=0)):
+        for v in split_variants(p)[:40]:
+            assert v.tiling.tile_length <= 1024 and v.tiling.smem_bytes <= bwdtc.STATIC_SMEM_BYTES
+            edges = v.edge_problems()
+            assert len(edges) >= 6
+            for q in edges:
+                assert bwdtc.padding_within_halo(q, v.config) and bwdtc.applies(q), (v.name, q.key)
+
+
+def test_the_render_launches_the_tensor_core_forward_on_grad_out_with_the_taps_reversed():
+    v = split_variants(CONFORMER)[0]
+    src = render.render_variant(v)
+    assert f"extern \"C\" int dwgen_launch_{v.name}_gx(const void* x, const void* w" in src
+    assert f"extern \"C\" int dwgen_launch_{v.name}(const void* gy, const void* x" in src
+    assert f"dwgen_launch_{v.name}_gx(gy, wr, nullptr, gx, B, C, Lout, L, H - P, 0, stream)" in src
+    assert f"extern \"C\" long long dwgen_workspace_{v.name}(" in src
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    assert re.search(r"wr\[wc \+ k\] = w\[wc \+ K - 1 - k\]", src)
+
+
+def test_a_hostile_value_in_the_grad_x_context_is_refused():
+    v = split_variants(CONFORMER)[0]
+    ctx = bwdtc.render_context(CONFORMER, v.config)
+    ctx["gx"]["mma_type"] = "f16; system(1)"
+    with pytest.raises(render.RenderError):
+        render.render_family(bwdtc.TEMPLATE, ctx, "fp16", v.name, v.digest, "bwd")
+
+
+# The weight-gradient kernel alone on the CPU: the partial rendered by itself, its launch_wgrad called.
+WGRAD_MAIN = r"""
+int main(int argc, char** argv) {
+    if (argc != 11) return 2;
+    const auto [B, C, L, Lout, P, act, bias, K] = sizes(argv);
+    const long long e = sizeof({{ storage }});
+    FILE* in = std::fopen(argv[1], "rb");
+    void* x = slurp(in, B * C * L * e);
+    void* gy = slurp(in, B * C * Lout * e);
+    void* w = slurp(in, C * K * e);
+    std::fclose(in);
+    void* gw = std::aligned_alloc(64, static_cast<size_t>((C * K * e + 63) / 64 * 64));
+    void* gb = std::aligned_alloc(64, static_cast<size_t>((C * e + 63) / 64 * 64 + 64));
+    using namespace CAT(NAME, _ns);
+    const long long ws = workspace_floats(B, C, Lout);
+    float* work = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((ws * 4 + 63) / 64 * 64 + 64)));
+    const int rc = launch_wgrad(gy, x, w, gw, gb, work, B, C, L, Lout, P, nullptr);
+    if (rc != 0) return 10 + rc;
+    FILE* out = std::fopen(argv[2], "wb");
+    std::fwrite(gw, 1, static_cast<size_t>(C * K * e), out);
+    std::fwrite(gb, 1, static_cast<size_t>(C * e), out);
+    std::fwrite(work + taps_offset(B, C, Lout), 1, static_cast<size_t>(C * K * e), out);
+    std::fclose(out);
+    return 0;
+}
+"""
+
+
+def wgrad_binary(v: Variant, tmp):
+    """The weight-gradient partial of v, with its launches as emulator calls, built with g++."""
+    src = render.render_family("_bwd_wgrad.cu.j2", bwdtc.render_context(v.problem, v.config), v.problem.dtype,
+                               v.name, v.digest, "bwd")
+    src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
+    storage = "__half" if v.problem.dtype == "fp16" else "__nv_bfloat16"
+    text = '#include "cuda_on_cpu.h"\n' + src + PRELUDE + WGRAD_MAIN.replace("{{ storage }}", storage)
+    path, exe = tmp / f"{v.name}.cpp", tmp / v.name
+    path.write_text(text)
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
+                           f"-DNAME={v.name}", "-o", str(exe), str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return exe
+
+
+# Problems (long filters on short rows so that the CPU stays quick) and designs: one tile a row, rows of
+# several tiles and a short last tile, a walk that crosses rows and ends short, dilation, bf16, causal.
+CASES = [
+    (Problem(3, 2, 520, 31, 1, 15, 1, "fp16", bias=True), bwdtc.Config(threads=64, run=8, span=1, warps=2, nt=1,
+                                                                        tile=512)),
+    (Problem(2, 3, 700, 17, 1, 8, 1, "fp16"), bwdtc.Config(threads=64, run=8, span=4, warps=2, nt=1, tile=512)),
+    (Problem(3, 2, 1100, 16, 1, 15, 1, "bf16", padding_right=0, bias=True),
+     bwdtc.Config(threads=64, run=16, span=2, warps=2, nt=1, tile=512)),
+    (Problem(2, 2, 900, 16, 1, 10, 2, "bf16"), bwdtc.Config(threads=64, run=8, span=2, warps=2, nt=1, tile=512)),
+]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.parametrize("p,c", CASES, ids=[Variant(p, c, "bwd").name for p, c in CASES])
+def test_weight_gradient_matches_float64_on_cpu(tmp_path, p, c):
+    import torch
+
+    v = Variant(p, c, "bwd")
+    assert not violations(p, c, "bwd"), violations(p, c, "bwd")
+    exe = wgrad_binary(v, tmp_path)
+    for q in [p] + [q for q in v.edge_problems() if q.length <= 2000][:6]:
+        x, w, b = make_inputs(q, 1, "cpu")
+        gy = grad_output(q, 1, "cpu")
+        inp, out = tmp_path / f"{q.key}.in", tmp_path / f"{q.key}.out"
+        inp.write_bytes(raw(x) + raw(gy) + raw(w))
+        args = [exe, inp, out, q.batch, q.channels, q.length, q.out_length, q.padding, 0, 0, q.kernel_size]
+        proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{q.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
+        data = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8)
+        n_w = w.numel() * w.element_size()
+        gw = data[:n_w].view(x.dtype).view(w.shape)
+        gb = data[n_w:n_w + 2 * q.channels].view(x.dtype)
+        wr = data[n_w + 2 * q.channels:].view(x.dtype).view(w.shape)
+        (_, ref_w, ref_b), (_, scale_w, scale_b) = reference(q, x, w, b, gy, 0)
+        for what, got, ref, scale in (("grad_weight", gw, ref_w, scale_w), ("grad_bias", gb, ref_b, scale_b)):
+            outcome = compare(q, got, ref, scale)
+            assert outcome.ok, f"{v.name} on {q.key}: {what}: {outcome.message}"
+        assert torch.equal(wr, w.flip(-1)), f"{v.name} on {q.key}: the reversed taps"
+
+
+def test_the_checks_run_the_split_backward_without_silu_and_the_fused_one_with_both(monkeypatch):
+    """The split launch refuses a SiLU, so the worker's checks must not ask one of it (they did: every split
+    variant of the first GPU tune failed its check with cudaErrorInvalidValue); the fused family still gets both."""
+    import types
+
+    from dwgen import check, worker
+
+    seen: list[str] = []
+    monkeypatch.setattr(check, "check_backward", lambda q, run, seeds: seen.append(q.activation))
+    bench = object.__new__(worker._BwdBench)  # its __init__ needs a GPU; checks() reads the problem alone
+    bench.problem = CONFORMER
+    for family, served in (("dw1d_bwdtc", {"none"}), ("dw1d_bwd", {"none", "silu"})):
+        seen.clear()
+        v = next(v for v in enumerate_space(CONFORMER, "bwd") if v.family.name == family)
+        list(bench.checks(types.SimpleNamespace(variant=v)))
+        assert len(seen) > 3 and set(seen) == served, (family, seen)
