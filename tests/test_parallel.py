@@ -68,7 +68,10 @@ def test_workers_share_one_study_and_measure_each_variant_once(storage_url, tmp_
     assert len(evaluated) == len(set(evaluated)) == 18
 
     trials = study.get_trials(deepcopy=False)
-    assert not [t.number for t in trials if t.state not in (TrialState.COMPLETE, TrialState.FAIL)]
+    # (failed once, 2026-12-02, on a loaded 2-core machine: say which states were left, and where)
+    left = [(t.number, t.state.name, t.user_attrs) for t in trials
+            if t.state not in (TrialState.COMPLETE, TrialState.FAIL)]
+    assert not left, (left, logs)
     measured = [t for t in trials if st.trial_result(t) and not t.user_attrs.get("duplicate")]
     assert sorted(st.trial_result(t).digest for t in measured) == sorted(evaluated)  # none lost, none twice
     assert parallel.measured_by(study) == Counter({parallel.worker_name(g): len(marks[i]) for i, g in enumerate(gpus)})
