@@ -35,6 +35,9 @@
 #   ncu     Nsight Compute on one training step of each case of scripts/probe-train.py (NCU_CASES, default
 #           1 2 3: the bf16 target and Mamba's conv in both layouts): forward, backward and its weight sum,
 #           with speed of light, occupancy, pipe use, each warp stall reason and instructions executed (logs ncu<i>.log)
+#   ncuvariant  Nsight Compute on named variants, frozen or not (scripts/probe-variant.py $PROBE_ARGS, e.g.
+#           PROBE_ARGS="--shape 32x512x1024 -k 31 --padding 15 --dtype fp16 --direction bwd NAME"); each variant is
+#           checked first, outside the NVTX range ncu profiles; NCU_COUNT kernels (default 6) are profiled
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -85,6 +88,10 @@ for step in "$@"; do
              --metrics 'smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
              -k regex:dw1d --launch-skip 3 -c 3 python3 scripts/probe-bwd-ncu.py "$i"
          done ;;
+    ncuvariant) timed ncuvariant ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+                  --metrics 'gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active' \
+                  --nvtx --nvtx-include probe/ -k regex:dw1d -c "${NCU_COUNT:-6}" \
+                  python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and variants} ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
