@@ -20,17 +20,11 @@ TEMPLATE = "dw1d_bwd_tc.cu.j2"
 VEC = 8  # 16-bit elements in 16 bytes
 
 AXES: dict[str, tuple] = {
-    # The weight-gradient kernel: threads a block, positions a thread sums its K products over (its tile is
-    # threads x run positions), and the tiles a block walks (along its channel's rows, then on to the next
-    # row) before its one reduction.
+    # The weight-gradient kernel: threads a block, positions a thread sums its K products over, and the
+    # tiles a block walks (along its channel's rows, then on to the next row) before its one reduction.
     "threads": (64, 128, 256),
     "run": (8, 16, 32),
     "span": (1, 2, 4, 8, 16),
-    # How it multiplies: K fp32 FMAs an element on CUDA cores from float windows (fma), or on tensor cores
-    # (mma: grad_out's 16-position blocks against x's, 256 positions an m16n8k16 step, the taps read off the
-    # product's diagonals; the next tile fetched by cp.async while one is multiplied). The fma kernel measured
-    # about 75 us on fp16 K31 where 20-25 were predicted (docs/perf-notes.md, twelfth session).
-    "wgrad": ("fma", "mma"),
     # grad_x: the tensor-core forward's own axes (dwgen/families/tc.py).
     **tc.AXES,
 }
@@ -41,7 +35,6 @@ ACTIVATIONS = ("none",)
 MIN_TAPS = 16  # below this the fused backward's 2K FMAs an element cost less than reading grad_out twice
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_RUN_FLOATS = 104  # K + 1 sums and a run of grad_out a thread holds (K64 with 32-position runs: 97)
-MAX_MMA_CHUNKS = 8  # the product a lane holds: 8 floats a chunk (K31: 4 chunks, 32 floats)
 
 
 @dataclass(frozen=True)
@@ -49,7 +42,6 @@ class Config(AxisConfig):
     threads: int = 128
     run: int = 16
     span: int = 4
-    wgrad: str = "fma"
     warps: int = 4
     nt: int = 2
     tile: int = 1024
@@ -114,23 +106,12 @@ class Tiling:
 
     @property
     def smem_floats(self) -> int:
-        """The staged windows, and after the walk the block's sums, in one buffer (fma)."""
+        """The staged windows, and after the walk the block's sums, in one buffer."""
         return max(self.x_floats + self.gy_floats, self.reduce_floats)
 
     @property
-    def nch(self) -> int:
-        """16-wide chunks of the product's columns t = m + k D + e (mma): 16 + (VEC - 1) + H of them."""
-        return -(-(16 + VEC - 1 + self.halo) // 16)
-
-    @property
     def smem_bytes(self) -> int:
-        if self.config.wgrad == "fma":
-            return 4 * self.smem_floats
-        warps, tl, nch = self.config.threads // 32, self.tile_length, self.nch
-        x_vectors, gy_vectors = (tl + 16 * (nch - 1)) // VEC, tl // VEC
-        # two buffers of each tile, a warp's product (rows padded by a float), the block's sums
-        return 2 * 16 * (x_vectors + gy_vectors) + 4 * warps * 16 * (16 * nch + 1) + 4 * warps * (
-            self.problem.kernel_size + 1)
+        return 4 * self.smem_floats
 
     @property
     def run_registers(self) -> int:
@@ -177,14 +158,7 @@ def fits_static_smem(p: Problem, c: Config) -> bool:
 
 
 def run_fits_registers(p: Problem, c: Config) -> bool:
-    """fma: K + 1 sums and a run of grad_out a thread; mma: its share of the product, 8 floats a 16-wide chunk."""
-    t = Tiling(p, c)
-    return t.run_registers <= MAX_RUN_FLOATS if c.wgrad == "fma" else t.nch <= MAX_MMA_CHUNKS
-
-
-def taps_fit_lanes(p: Problem, c: Config) -> bool:
-    """mma: a lane sums taps lane and lane + 32 off the diagonals."""
-    return c.wgrad == "fma" or p.kernel_size <= 64
+    return Tiling(p, c).run_registers <= MAX_RUN_FLOATS
 
 
 def tile_fits_length(p: Problem, c: Config) -> bool:
@@ -208,7 +182,6 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     gx_design_fits,
     fits_static_smem,
     run_fits_registers,
-    taps_fit_lanes,
     tile_fits_length,
     span_fits,
 )
@@ -222,7 +195,7 @@ def applies(p: Problem) -> bool:
 
 
 def name_tokens(c: Config) -> list[str]:
-    return [f"t{c.threads}", f"r{c.run}", f"s{c.span}", *(["mma"] if c.wgrad == "mma" else []), *tc.name_tokens(c.gx)]
+    return [f"t{c.threads}", f"r{c.run}", f"s{c.span}", *tc.name_tokens(c.gx)]
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
@@ -233,10 +206,7 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
         if tok[:1] != key or not tok[1:].isdigit():
             raise ValueError(f"{name}: expected {key}<{field}>, got {tok!r}")
         fields[field] = int(tok[1:])
-    rest = tokens[3:]
-    if rest[:1] == ["mma"]:
-        fields["wgrad"], rest = "mma", rest[1:]
-    gx = tc.config_from_tokens(rest, name)
+    gx = tc.config_from_tokens(tokens[3:], name)
     return Config(**fields, warps=gx.warps, nt=gx.nt, tile=gx.tile, walk=gx.walk)
 
 
@@ -245,8 +215,7 @@ def render_context(p: Problem, c: Config) -> dict:
     return {
         "threads": c.threads, "run": c.run, "span": c.span, "vec": VEC, "kernel_size": p.kernel_size,
         "dilation": p.dilation, "halo": t.halo, "x_vectors": t.x_vectors, "gy_vectors": t.gy_vectors,
-        "x_floats": t.x_floats, "smem_floats": t.smem_floats, "wgrad_mma": c.wgrad == "mma", "nch": t.nch,
-        "tile_length": t.tile_length, "mma_type": tc.MMA_TYPES[p.dtype],
+        "x_floats": t.x_floats, "smem_floats": t.smem_floats,
         # the grad_x kernel's own context, rendered under the variant's name + _gx
         "gx": tc.render_context(mirrored(p), c.gx),
     }
@@ -273,15 +242,12 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 
 KNOWN_GOOD: tuple[Config, ...] = (
-    # weight gradient on tensor cores (not yet measured: predicted bound by its reads, about 20 us on fp16 K31
-    # where the fma kernel took about 75), then the fma designs that tied the fused kernel on fp16 K31 (0.1025 ms,
-    # 4.8x copy, H200); grad_x as the fp16 K31 forward's tuned design (dw1d_tc_f16_k31_w2_n4_t1024, 1.15x copy)
-    Config(threads=128, run=8, span=4, wgrad="mma", warps=2, nt=4, tile=1024),
-    Config(threads=128, run=8, span=8, wgrad="mma", warps=2, nt=4, tile=1024),
-    Config(threads=128, run=8, span=4, warps=2, nt=2, tile=1024),
-    Config(threads=64, run=16, span=8, wgrad="mma", warps=2, nt=4, tile=1024),
+    # grad_x as the fp16 K31 forward's tuned design (dw1d_tc_f16_k31_w2_n4_t1024, 1.15x copy on the H200);
+    # weight-gradient tiles of 1024 positions (Conformer's rows), each block summing 8 of them
+    Config(threads=128, run=8, span=8, warps=2, nt=4, tile=1024),
+    Config(threads=64, run=16, span=8, warps=2, nt=4, tile=1024),
     Config(threads=128, run=8, span=4, warps=2, nt=4, tile=1024),
-    Config(threads=128, run=8, span=16, wgrad="mma", warps=2, nt=4, tile=1024),
+    Config(threads=64, run=8, span=16, warps=4, nt=2, tile=1024),
 )
 
 
