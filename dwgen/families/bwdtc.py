@@ -5,8 +5,9 @@ At stride 1, grad_x[i] = sum_k w[k] grad_out[i + P - k D] is a forward convoluti
 giving L outputs) with the taps reversed and left padding H - P (H = (K - 1) D). The fused backward does 2K
 fp32 FMAs an element; for K31 that bounds it at about 4.5x copy (docs/perf-notes.md), while the tensor-core
 forward runs K31 at about 1.15x. Here the weight-gradient kernel does the K FMAs of grad_weight alone (and
-writes the reversed taps for the grad_x launch), so the FMA-bound half of the work is halved and the other
-half moves to tensor cores, at the price of reading grad_out twice.
+writes the reversed taps for the grad_x launch), grad_x moves to tensor cores, and grad_out is read twice.
+Measured on fp16 K31 (H200, twelfth session): a tie with the fused kernel, the weight-gradient kernel being
+the slow part (about 75 us of 100; docs/perf-notes.md).
 """
 from __future__ import annotations
 
