@@ -277,3 +277,22 @@ def test_tensor_cores_off_leaves_out_only_the_tensor_core_entries(here):
     assert tc <= set(on.tuned)
     assert set(off.tuned) == set(on.tuned) - tc
     assert off.tuned_bwd == on.tuned_bwd and off.fast == on.fast
+
+
+def test_tensor_cores_off_leaves_out_split_backward_entries_too(here):
+    """The split backward computes grad_x with the tensor-core forward: DWGEN_TENSOR_CORES=0 leaves its entries
+    out as well (here a backward entry whose kernel record is marked as of that family)."""
+    def edit(m):
+        m["entries"] = forward_entries(m)
+        e = next(x for x in m["entries"] if x["key"] == "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias")
+        name = m["generic"]["fast_bwd"]["fp32_bcl_k3"]
+        m["entries"].append({**e, "direction": "bwd", "kernel": name})
+        k = next(k for k in m["kernels"] if k["name"] == name)
+        k["config"] = {**k["config"], "family": "dw1d_bwdtc"}
+
+    m = rewrite(here, edit)
+    e = m["entries"][-1]
+    on = frozen_dispatch._trusted(m, here, "9.0")
+    off = frozen_dispatch._trusted(m, here, "9.0", tensor_cores=False)
+    assert on.tuned_bwd == {key(e): e["kernel"]}
+    assert off.tuned_bwd == {} and off.fast_bwd == on.fast_bwd
