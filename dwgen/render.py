@@ -41,10 +41,27 @@ class RenderError(ValueError):
     """A value that must never reach a template (wrong type, out of range, not an enum member)."""
 
 
-def _cpp_bool(v: bool) -> str:
+class CppBool:
+    """A family's bool as a template sees it: printed, its C++ spelling (true, false); tested by {% if %}, its
+    value (a plain "false" string would be true there, which once rendered every split backward with the
+    tensor-core weight gradient)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool):
+        self.value = value
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def __str__(self) -> str:
+        return "true" if self.value else "false"
+
+
+def _cpp_bool(v: bool) -> CppBool:
     if type(v) is not bool:
         raise RenderError(f"expected a bool, got {v!r}")
-    return "true" if v else "false"
+    return CppBool(v)
 
 
 def _cpp_int(v: int) -> int:

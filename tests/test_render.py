@@ -152,10 +152,18 @@ def test_hostile_names_never_reach_a_kernel_or_the_launcher(bad):
 @pytest.mark.parametrize("bad", [True, False, 1, 0, "true", None])
 def test_only_bools_become_cpp_bools(bad):
     if type(bad) is bool:
-        assert render._cpp_bool(bad) == ("true" if bad else "false")
+        assert str(render._cpp_bool(bad)) == ("true" if bad else "false")
+        assert bool(render._cpp_bool(bad)) is bad
     else:
         with pytest.raises(render.RenderError):
             render._cpp_bool(bad)
+
+
+def test_a_false_bool_is_false_in_a_template_and_false_in_cpp():
+    # A family's False must print as C++'s false and fail {% if %} (a "false" string would pass it).
+    src = render._ENV.from_string("{% if f %}taken{% else %}not taken{% endif %} {{ f }} {{ t }}").render(
+        **render._validated({"f": False, "t": True}))
+    assert src == "not taken false true"
 
 
 @pytest.mark.parametrize("v", FAMILY_VARIANTS, ids=lambda v: v.family.template)
