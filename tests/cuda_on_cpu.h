@@ -210,6 +210,8 @@ inline dim3_ dim3(const unsigned x, const unsigned y = 1, const unsigned z = 1) 
 
 inline void __syncthreads() { emu::block_barrier.wait(); }
 
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barriers[threadIdx.x / 32].wait(); }
+
 template <class V>
 V __shfl_xor_sync(unsigned, const V v, const int mask) {
     static_assert(sizeof(V) == 4, "32-bit lanes");

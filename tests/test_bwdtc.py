@@ -77,6 +77,16 @@ def test_the_render_launches_the_tensor_core_forward_on_grad_out_with_the_taps_r
     assert re.search(r"wr\[wc \+ k\] = w\[wc \+ K - 1 - k\]", src)
 
 
+def test_each_weight_gradient_design_renders_its_own_kernel():
+    """fma designs get the CUDA-core kernel, mma designs the tensor-core one (a bool rendered
+    as a "false" string once gave every design the mma kernel)."""
+    for v in [v for v in split_variants(CONFORMER) if v.config.span == 4 and v.config.nt == 2][:12]:
+        src = render.render_variant(v)
+        mma = v.config.wgrad == "mma"
+        assert ("mma16816(ones, a, ONES, ONES)" in src) is mma, v.name
+        assert ("__shared__ float sm[SMEM_FLOATS]" in src) is not mma, v.name
+
+
 def test_a_hostile_value_in_the_grad_x_context_is_refused():
     v = split_variants(CONFORMER)[0]
     ctx = bwdtc.render_context(CONFORMER, v.config)
@@ -113,13 +123,80 @@ int main(int argc, char** argv) {
 """
 
 
-def wgrad_binary(v: Variant, tmp):
-    """The weight-gradient partial of v, with its launches as emulator calls, built with g++."""
-    src = render.render_family("_bwd_wgrad.cu.j2", bwdtc.render_context(v.problem, v.config), v.problem.dtype,
-                               v.name, v.digest, "bwd")
+# The PTX primitives of templates/_warp_mma.cu.j2, lane by lane for the CPU emulator: ldmatrix and mma.sync
+# gather the warp's operands through a shared table at a warp barrier, as the fragment layouts say (PTX ISA);
+# cp.async copies at once.
+WARP_MMA_ON_CPU = r"""
+static const void* emu_rows[1024];
+static unsigned emu_frag[1024][6];
+
+static float emu_widen(const unsigned bits) {
+{% if mma_type == "f16" %}
+    __half h;
+    h.x = static_cast<unsigned short>(bits);
+    return __half2float(h);
+{% else %}
+    return __uint_as_float(bits << 16);
+{% endif %}
+}
+
+inline void ldsm_x4_trans(unsigned (&r)[4], const void* row) {
+    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32;
+    emu_rows[t] = row;
+    emu::warp_barriers[t / 32].wait();
+    for (unsigned j = 0; j < 4; ++j) {
+        const auto* r0 = static_cast<const unsigned short*>(emu_rows[w + 8 * j + 2 * (l % 4)]);
+        const auto* r1 = static_cast<const unsigned short*>(emu_rows[w + 8 * j + 2 * (l % 4) + 1]);
+        r[j] = r0[l / 4] | static_cast<unsigned>(r1[l / 4]) << 16;
+    }
+    emu::warp_barriers[t / 32].wait();
+}
+
+inline void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32, g = l / 4, q = l % 4;
+    for (int i = 0; i < 4; ++i) emu_frag[t][i] = a[i];
+    emu_frag[t][4] = b0;
+    emu_frag[t][5] = b1;
+    emu::warp_barriers[t / 32].wait();
+    auto half = [&](unsigned lane, unsigned reg, unsigned k) {
+        return emu_widen((emu_frag[w + lane][reg] >> (16 * (k % 2))) & 0xffffu);
+    };
+    for (unsigned rr = 0; rr < 4; ++rr) {
+        const unsigned row = g + 8 * (rr >> 1), col = 2 * q + (rr & 1);
+        float s = 0.0f;
+        for (unsigned k = 0; k < 16; ++k) {  // A (row, k) and B (k, col) from the lanes that hold them
+            s += half(4 * (row % 8) + (k % 8) / 2, row / 8 + 2 * (k / 8), k)
+                 * half(4 * col + (k % 8) / 2, 4 + k / 8, k);
+        }
+        d[rr] += s;
+    }
+    emu::warp_barriers[t / 32].wait();
+}
+
+inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+inline void cp_async_commit() {}
+template <int PENDING> inline void cp_async_wait() {}
+"""
+
+# Both weight-gradient kernels with the sums and launches they share, as the variant's source includes them.
+WGRAD_ON_CPU = ('{% if wgrad_mma %}{% include "_bwd_wgrad_mma.cu.j2" %}{% else %}{% include "_bwd_wgrad.cu.j2" %}'
+                '{% endif %}{% include "_bwd_wgrad_sum.cu.j2" %}')
+
+
+def wgrad_binary(v: Variant, tmp, monkeypatch):
+    """The weight-gradient kernel of v (fma or mma, the latter's PTX primitives emulated), with its sums and
+    launches, its launches made emulator calls, built with g++."""
+    import jinja2
+
+    loader = jinja2.ChoiceLoader([jinja2.DictLoader({"_warp_mma.cu.j2": WARP_MMA_ON_CPU, "wgrad_on_cpu": WGRAD_ON_CPU}),
+                                  render._ENV.loader])
+    monkeypatch.setattr(render, "_ENV", render._ENV.overlay(loader=loader))
+    src = render.render_family("wgrad_on_cpu", bwdtc.render_context(v.problem, v.config), v.problem.dtype, v.name,
+                               v.digest, "bwd")
     src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
     storage = "__half" if v.problem.dtype == "fp16" else "__nv_bfloat16"
-    text = '#include "cuda_on_cpu.h"\n' + src + PRELUDE + WGRAD_MAIN.replace("{{ storage }}", storage)
+    main = WGRAD_MAIN.replace("{{ storage }}", storage)
+    text = '#include "cuda_on_cpu.h"\n#include <cstring>\n' + src + PRELUDE + main
     path, exe = tmp / f"{v.name}.cpp", tmp / v.name
     path.write_text(text)
     proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
@@ -140,14 +217,29 @@ CASES = [
 ]
 
 
+# the tensor-core kernel: Conformer's K31 on a row of one tile and the walk on into the next rows, rows that
+# are not whole vectors (each row's x and grad_out start elsewhere in a vector: the product's diagonals move),
+# dilation, bf16 with a causal padding
+CASES += [
+    (Problem(3, 2, 520, 31, 1, 15, 1, "fp16", bias=True),
+     bwdtc.Config(threads=64, run=8, span=4, wgrad="mma", warps=2, nt=1, tile=512)),
+    (Problem(3, 2, 1027, 31, 1, 15, 1, "fp16"), bwdtc.Config(threads=64, run=8, span=2, wgrad="mma", warps=2, nt=1,
+                                                             tile=512)),
+    (Problem(2, 3, 900, 16, 1, 10, 2, "bf16"), bwdtc.Config(threads=64, run=8, span=1, wgrad="mma", warps=2, nt=1,
+                                                            tile=512)),
+    (Problem(3, 2, 1100, 16, 1, 15, 1, "bf16", padding_right=0, bias=True),
+     bwdtc.Config(threads=64, run=16, span=2, wgrad="mma", warps=2, nt=1, tile=512)),
+]
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("p,c", CASES, ids=[Variant(p, c, "bwd").name for p, c in CASES])
-def test_weight_gradient_matches_float64_on_cpu(tmp_path, p, c):
+def test_weight_gradient_matches_float64_on_cpu(tmp_path, monkeypatch, p, c):
     import torch
 
     v = Variant(p, c, "bwd")
     assert not violations(p, c, "bwd"), violations(p, c, "bwd")
-    exe = wgrad_binary(v, tmp_path)
+    exe = wgrad_binary(v, tmp_path, monkeypatch)
     for q in [p] + [q for q in v.edge_problems() if q.length <= 2000][:6]:
         x, w, b = make_inputs(q, 1, "cpu")
         gy = grad_output(q, 1, "cpu")

@@ -6,8 +6,9 @@ giving L outputs) with the taps reversed and left padding H - P (H = (K - 1) D).
 fp32 FMAs an element; for K31 that bounds it at about 4.5x copy (docs/perf-notes.md), while the tensor-core
 forward runs K31 at about 1.15x. Here the weight-gradient kernel does the K FMAs of grad_weight alone (and
 writes the reversed taps for the grad_x launch), grad_x moves to tensor cores, and grad_out is read twice.
-Measured on fp16 K31 (H200, twelfth session): a tie with the fused kernel, the weight-gradient kernel being
-the slow part (about 75 us of 100; docs/perf-notes.md).
+Measured on fp16 K31 (H200): with the weight gradient on CUDA cores a tie with the fused kernel (twelfth
+session, about 75 us of 100 in the weight gradient); with it on tensor cores 0.060 ms against the fused
+kernel's 0.102, frozen (thirteenth session; docs/perf-notes.md).
 """
 from __future__ import annotations
 
@@ -21,11 +22,18 @@ TEMPLATE = "dw1d_bwd_tc.cu.j2"
 VEC = 8  # 16-bit elements in 16 bytes
 
 AXES: dict[str, tuple] = {
-    # The weight-gradient kernel: threads a block, positions a thread sums its K products over, and the
-    # tiles a block walks (along its channel's rows, then on to the next row) before its one reduction.
+    # The weight-gradient kernel: threads a block, positions a thread sums its K products over (its tile is
+    # threads x run positions), and the tiles a block walks (along its channel's rows, then on to the next
+    # row) before its one reduction.
     "threads": (64, 128, 256),
     "run": (8, 16, 32),
     "span": (1, 2, 4, 8, 16),
+    # How it multiplies: K fp32 FMAs an element on CUDA cores from float windows (fma), or on tensor cores
+    # (mma: grad_out's 16-position blocks against x's, 256 positions an m16n8k16 step, the taps read off the
+    # product's diagonals; the next tile fetched by cp.async while one is multiplied). The fma kernel measured
+    # about 75 us on fp16 K31 where 20-25 were predicted (docs/perf-notes.md, twelfth session); the mma kernel
+    # put the split backward at 0.059 ms against the fused kernel's 0.102 (thirteenth session).
+    "wgrad": ("fma", "mma"),
     # grad_x: the tensor-core forward's own axes (dwgen/families/tc.py).
     **tc.AXES,
 }
@@ -36,6 +44,9 @@ ACTIVATIONS = ("none",)
 MIN_TAPS = 16  # below this the fused backward's 2K FMAs an element cost less than reading grad_out twice
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_RUN_FLOATS = 104  # K + 1 sums and a run of grad_out a thread holds (K64 with 32-position runs: 97)
+# Two 16-bit ones in a 32-bit word (fp16 1.0 is 0x3C00, bf16 1.0 is 0x3F80): an mma operand of all ones.
+ONES_PAIR = {"fp16": "0x3c003c00u", "bf16": "0x3f803f80u"}  # C++ literals, plain tokens
+MAX_MMA_CHUNKS = 8  # the product a lane holds: 8 floats a chunk (K31: 4 chunks, 32 floats)
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,7 @@ class Config(AxisConfig):
     threads: int = 128
     run: int = 16
     span: int = 4
+    wgrad: str = "fma"
     warps: int = 4
     nt: int = 2
     tile: int = 1024
@@ -107,12 +119,23 @@ class Tiling:
 
     @property
     def smem_floats(self) -> int:
-        """The staged windows, and after the walk the block's sums, in one buffer."""
+        """The staged windows, and after the walk the block's sums, in one buffer (fma)."""
         return max(self.x_floats + self.gy_floats, self.reduce_floats)
 
     @property
+    def nch(self) -> int:
+        """16-wide chunks of the product's columns t = m + k D + e (mma): 16 + (VEC - 1) + H of them."""
+        return -(-(16 + VEC - 1 + self.halo) // 16)
+
+    @property
     def smem_bytes(self) -> int:
-        return 4 * self.smem_floats
+        if self.config.wgrad == "fma":
+            return 4 * self.smem_floats
+        warps, tl, nch = self.config.threads // 32, self.tile_length, self.nch
+        x_vectors, gy_vectors = (tl + 16 * (nch - 1)) // VEC, tl // VEC
+        # two buffers of each tile, a warp's product (rows padded by a float), the block's sums
+        return 2 * 16 * (x_vectors + gy_vectors) + 4 * warps * 16 * (16 * nch + 1) + 4 * warps * (
+            self.problem.kernel_size + 1)
 
     @property
     def run_registers(self) -> int:
@@ -159,7 +182,14 @@ def fits_static_smem(p: Problem, c: Config) -> bool:
 
 
 def run_fits_registers(p: Problem, c: Config) -> bool:
-    return Tiling(p, c).run_registers <= MAX_RUN_FLOATS
+    """fma: K + 1 sums and a run of grad_out a thread; mma: its share of the product, 8 floats a 16-wide chunk."""
+    t = Tiling(p, c)
+    return t.run_registers <= MAX_RUN_FLOATS if c.wgrad == "fma" else t.nch <= MAX_MMA_CHUNKS
+
+
+def taps_fit_lanes(p: Problem, c: Config) -> bool:
+    """mma: a lane sums taps lane and lane + 32 off the diagonals."""
+    return c.wgrad == "fma" or p.kernel_size <= 64
 
 
 def tile_fits_length(p: Problem, c: Config) -> bool:
@@ -183,6 +213,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     gx_design_fits,
     fits_static_smem,
     run_fits_registers,
+    taps_fit_lanes,
     tile_fits_length,
     span_fits,
 )
@@ -196,7 +227,7 @@ def applies(p: Problem) -> bool:
 
 
 def name_tokens(c: Config) -> list[str]:
-    return [f"t{c.threads}", f"r{c.run}", f"s{c.span}", *tc.name_tokens(c.gx)]
+    return [f"t{c.threads}", f"r{c.run}", f"s{c.span}", *(["mma"] if c.wgrad == "mma" else []), *tc.name_tokens(c.gx)]
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
@@ -207,7 +238,10 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
         if tok[:1] != key or not tok[1:].isdigit():
             raise ValueError(f"{name}: expected {key}<{field}>, got {tok!r}")
         fields[field] = int(tok[1:])
-    gx = tc.config_from_tokens(tokens[3:], name)
+    rest = tokens[3:]
+    if rest[:1] == ["mma"]:
+        fields["wgrad"], rest = "mma", rest[1:]
+    gx = tc.config_from_tokens(rest, name)
     return Config(**fields, warps=gx.warps, nt=gx.nt, tile=gx.tile, walk=gx.walk)
 
 
@@ -216,7 +250,8 @@ def render_context(p: Problem, c: Config) -> dict:
     return {
         "threads": c.threads, "run": c.run, "span": c.span, "vec": VEC, "kernel_size": p.kernel_size,
         "dilation": p.dilation, "halo": t.halo, "x_vectors": t.x_vectors, "gy_vectors": t.gy_vectors,
-        "x_floats": t.x_floats, "smem_floats": t.smem_floats,
+        "x_floats": t.x_floats, "smem_floats": t.smem_floats, "wgrad_mma": c.wgrad == "mma", "nch": t.nch,
+        "tile_length": t.tile_length, "mma_type": tc.MMA_TYPES[p.dtype], "ones_pair": ONES_PAIR[p.dtype],
         # the grad_x kernel's own context, rendered under the variant's name + _gx
         "gx": tc.render_context(mirrored(p), c.gx),
     }
@@ -243,12 +278,16 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 
 KNOWN_GOOD: tuple[Config, ...] = (
-    # grad_x as the fp16 K31 forward's tuned design (dw1d_tc_f16_k31_w2_n4_t1024, 1.15x copy on the H200);
-    # weight-gradient tiles of 1024 positions (Conformer's rows), each block summing 8 of them
-    Config(threads=128, run=8, span=8, warps=2, nt=4, tile=1024),
-    Config(threads=64, run=16, span=8, warps=2, nt=4, tile=1024),
-    Config(threads=128, run=8, span=4, warps=2, nt=4, tile=1024),
-    Config(threads=64, run=8, span=16, warps=4, nt=2, tile=1024),
+    # fp16 K31 (H200, thirteenth session's first tune): weight gradient on tensor cores, t64_r16_s16 0.0592 ms
+    # (2.7x copy) against the fused kernel's 0.1016, then s4 (0.0622) and s8 (0.0632), t128_r8_s4 (0.0728); the
+    # fma kernel's best of the twelfth session (0.1025 ms). grad_x as the fp16 K31 forward's tuned design
+    # (dw1d_tc_f16_k31_w2_n4_t1024, 1.15x copy)
+    Config(threads=64, run=16, span=16, wgrad="mma", warps=2, nt=4, tile=1024),
+    Config(threads=64, run=16, span=4, wgrad="mma", warps=2, nt=2, tile=1024),
+    Config(threads=64, run=16, span=8, wgrad="mma", warps=2, nt=4, tile=1024),
+    Config(threads=128, run=8, span=4, wgrad="mma", warps=2, nt=4, tile=1024),
+    Config(threads=128, run=8, span=4, warps=2, nt=2, tile=1024),
+    Config(threads=64, run=16, span=16, warps=2, nt=4, tile=1024),
 )
 
 

@@ -59,8 +59,9 @@ def test_sampled_backward_variants_pass_the_workers_check(p, tmp_path):
     assert worker.restarts == 0
 
 
-# The split backward (weight-gradient kernel, grad_x on tensor cores): Conformer's K31 and a causal, dilated
-# bf16 K17 with bias, each on a few of its own variants (the worker checks them on their edge problems too).
+# The split backward (weight-gradient kernel on CUDA or tensor cores, grad_x on tensor cores): Conformer's K31
+# and a causal, dilated bf16 K17 with bias, two variants of each weight-gradient kernel (the worker checks
+# them on their edge problems too).
 SPLIT_PROBLEMS = [Problem(4, 32, 1024, 31, 1, 15, dtype="fp16"),
                   Problem(3, 16, 999, 17, 1, 32, 2, dtype="bf16", bias=True, padding_right=0)]
 
@@ -68,8 +69,8 @@ SPLIT_PROBLEMS = [Problem(4, 32, 1024, 31, 1, 15, dtype="fp16"),
 @pytest.mark.parametrize("p", SPLIT_PROBLEMS, ids=lambda p: p.key)
 def test_sampled_split_backward_variants_pass_the_workers_check(p, tmp_path):
     space = [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdtc"]
-    assert space
-    vs = random.Random(1).sample(space, min(4, len(space)))
+    vs = [v for kind in ("fma", "mma") for v in random.Random(1).sample(
+        [v for v in space if v.config.wgrad == kind], 2)]  # both weight-gradient kernels
     builds = _built(vs, tmp_path)
     assert all(b.ok for b in builds), [b.log for b in builds if not b.ok]
     worker = BwdGpuWorker(p)
