@@ -265,18 +265,21 @@ def test_backward_entries_tuned_on_another_architecture_fall_back(here):
 
 
 def test_tensor_cores_off_leaves_out_only_the_tensor_core_entries(here):
-    """DWGEN_TENSOR_CORES=0: the problems tuned to a tensor-core kernel run the generic kernels instead."""
+    """DWGEN_TENSOR_CORES=0: the problems tuned to a tensor-core kernel (a forward, or a split backward) run the
+    generic kernels instead, in that direction only."""
     m = manifest(here)
     frozen_dispatch.check_manifest(m)
     family = {k["name"]: k["config"].get("family") for k in m["kernels"]}
-    tc = {key(e) for e in m["entries"] if family[e["kernel"]] in frozen_dispatch.TC_FAMILIES}
-    if not tc:
+    tc = {d: {key(e) for e in m["entries"] if e.get("direction", "fwd") == d
+              and family[e["kernel"]] in frozen_dispatch.TC_FAMILIES} for d in ("fwd", "bwd")}
+    if not tc["fwd"] | tc["bwd"]:
         pytest.skip("generated/ has no tuned tensor-core entry")
     on = frozen_dispatch._trusted(m, here, "9.0")
     off = frozen_dispatch._trusted(m, here, "9.0", tensor_cores=False)
-    assert tc <= set(on.tuned)
-    assert set(off.tuned) == set(on.tuned) - tc
-    assert off.tuned_bwd == on.tuned_bwd and off.fast == on.fast
+    assert tc["fwd"] <= set(on.tuned) and tc["bwd"] <= set(on.tuned_bwd)
+    assert set(off.tuned) == set(on.tuned) - tc["fwd"]
+    assert set(off.tuned_bwd) == set(on.tuned_bwd) - tc["bwd"]
+    assert off.fast == on.fast
 
 
 def test_tensor_cores_off_leaves_out_split_backward_entries_too(here):
