@@ -41,6 +41,16 @@ static Sizes sizes(char** argv) {
 """
 
 
+# How a test's main() begins when it takes PRELUDE's ten arguments: the sizes, T's width, the input file open.
+MAIN_OPEN = r"""
+int main(int argc, char** argv) {
+    if (argc != 11) return 2;
+    const auto [B, C, L, Lout, P, act, bias, K] = sizes(argv);
+    const long long e = sizeof({{ storage }});
+    FILE* in = std::fopen(argv[1], "rb");
+"""
+
+
 def cpu_source(v: Variant, main: str) -> str:
     """The variant's source with its launches made calls of emu::launch, then PRELUDE and main ({{ storage }}:
     x's type)."""

@@ -15,16 +15,11 @@ from dwgen.check import backward_reference, compare, grad_output, make_inputs
 from dwgen.families.bwd import Config
 from dwgen.problem import Problem
 from dwgen.space import Variant, violations
-from tests.cuda_on_cpu import build, raw
+from tests.cuda_on_cpu import MAIN_OPEN, build, raw
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
-MAIN = r"""
-int main(int argc, char** argv) {
-    if (argc != 11) return 2;
-    const auto [B, C, L, Lout, P, act, bias, K] = sizes(argv);
-    const long long e = sizeof({{ storage }});
-    FILE* in = std::fopen(argv[1], "rb");
+MAIN = MAIN_OPEN + r"""
     void* x = slurp(in, B * C * L * e);
     void* gy = slurp(in, B * C * Lout * e);
     void* w = slurp(in, C * K * e);

@@ -15,7 +15,7 @@ from dwgen.check import compare, grad_output, make_inputs
 from dwgen.families import bwdtc, tc
 from dwgen.problem import Problem
 from dwgen.space import Variant, enumerate_space, families_of, variant_from_name, violations
-from tests.cuda_on_cpu import HERE, PRELUDE, raw
+from tests.cuda_on_cpu import HERE, MAIN_OPEN, PRELUDE, raw
 from tests.test_bwd_on_cpu import reference
 
 CONFORMER = Problem(32, 512, 1024, 31, 1, 15, 1, "fp16")
@@ -96,12 +96,7 @@ def test_a_hostile_value_in_the_grad_x_context_is_refused():
 
 
 # The weight-gradient kernel alone on the CPU: the partial rendered by itself, its launch_wgrad called.
-WGRAD_MAIN = r"""
-int main(int argc, char** argv) {
-    if (argc != 11) return 2;
-    const auto [B, C, L, Lout, P, act, bias, K] = sizes(argv);
-    const long long e = sizeof({{ storage }});
-    FILE* in = std::fopen(argv[1], "rb");
+WGRAD_MAIN = MAIN_OPEN + r"""
     void* x = slurp(in, B * C * L * e);
     void* gy = slurp(in, B * C * Lout * e);
     void* w = slurp(in, C * K * e);

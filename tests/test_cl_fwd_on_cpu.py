@@ -14,16 +14,11 @@ from dwgen.check import compare, make_inputs, reference
 from dwgen.families.blc import Config
 from dwgen.problem import Problem
 from dwgen.space import Variant, violations
-from tests.cuda_on_cpu import build_all, forward_checks, raw
+from tests.cuda_on_cpu import MAIN_OPEN, build_all, forward_checks, raw
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
-MAIN = r"""
-int main(int argc, char** argv) {
-    if (argc != 11) return 2;
-    const auto [B, C, L, Lout, P, act, bias, K] = sizes(argv);
-    const long long e = sizeof({{ storage }});
-    FILE* in = std::fopen(argv[1], "rb");
+MAIN = MAIN_OPEN + r"""
     void* x = slurp(in, B * C * L * e);
     void* w = slurp(in, C * K * e);
     void* b = bias ? slurp(in, C * e) : nullptr;
