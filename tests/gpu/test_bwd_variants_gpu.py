@@ -37,16 +37,21 @@ def _built(vs, tmp_path):
                               tmp_path, arch=arch)
 
 
+def _evaluated(worker, vs, builds) -> list[Result]:
+    """Each built variant through the worker's check (and timing), as the search puts it."""
+    assert all(b.ok for b in builds), [b.log for b in builds if not b.ok]
+    return [worker.evaluate(Candidate(v, b.library), Result(v.name, v.digest, "ok", direction="bwd"))
+            for v, b in zip(vs, builds, strict=True)]
+
+
 @pytest.mark.parametrize("p", PROBLEMS, ids=lambda p: p.key)
 def test_sampled_backward_variants_pass_the_workers_check(p, tmp_path):
     space = enumerate_space(p, "bwd")
     vs = random.Random(0).sample(space, min(5, len(space)))
     builds = _built(vs, tmp_path)
-    assert all(b.ok for b in builds), [b.log for b in builds if not b.ok]
     worker = BwdGpuWorker(p)
     try:
-        results = [worker.evaluate(Candidate(v, b.library), Result(v.name, v.digest, "ok", direction="bwd"))
-                   for v, b in zip(vs, builds, strict=True)]
+        results = _evaluated(worker, vs, builds)
         bad = [r.summary() for r in results if not r.ok]
         assert not bad, bad
         assert all(r.direction == "bwd" and r.kernel_ms > 0 and r.copy_ms > 0 and r.torch_ms > 0
@@ -71,12 +76,9 @@ def test_sampled_split_backward_variants_pass_the_workers_check(p, tmp_path):
     space = [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdtc"]
     vs = [v for kind in ("fma", "mma") for v in random.Random(1).sample(
         [v for v in space if v.config.wgrad == kind], 2)]  # both weight-gradient kernels
-    builds = _built(vs, tmp_path)
-    assert all(b.ok for b in builds), [b.log for b in builds if not b.ok]
     worker = BwdGpuWorker(p)
     try:
-        results = [worker.evaluate(Candidate(v, b.library), Result(v.name, v.digest, "ok", direction="bwd"))
-                   for v, b in zip(vs, builds, strict=True)]
+        results = _evaluated(worker, vs, _built(vs, tmp_path))
         assert not [r.summary() for r in results if not r.ok]
     finally:
         worker.close()
