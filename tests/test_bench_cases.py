@@ -26,6 +26,14 @@ def test_training_suite_has_the_issues_rows():
             (8, 4096, 2048, 4, "bf16", "bcl", True, "silu"), (8, 4096, 2048, 4, "bf16", "blc", True, "silu")} <= cases
 
 
+def test_training_suite_times_every_stride_one_problem_of_the_suite():
+    """Issue 10's targets hold in every dtype and layout of the suite: each problem the backward is tuned for
+    (stride 1; tune.py --suite --direction bwd skips strided ones) has its training rows."""
+    trained = {c.problem.key for c in read_cases(ROOT / "benchmarks" / "training.txt") if c.directions == DIRECTIONS}
+    tuned = {p.key for p in read_suite(ROOT / "benchmarks" / "suite.txt") if p.stride == 1}
+    assert tuned - trained == set()
+
+
 @pytest.mark.parametrize("stem", ["suite", "untuned"])
 def test_forward_suites_read_as_plain_cases_of_the_same_problems(stem):
     path = ROOT / "benchmarks" / f"{stem}.txt"
