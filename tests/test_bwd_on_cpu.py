@@ -158,6 +158,15 @@ CASES = [
      Config(threads=128, outs=8, stage="rawp", tiles=4, walk="across")),
     (Problem(3, 3, 1500, 3, 1, 1, 1, "bf16"), Config(threads=128, outs=8, stage="raw", tiles=4, walk="across")),
     (Problem(5, 2, 512, 3, 1, 1, 1, "fp32"), Config(threads=128, outs=4, tiles=8, walk="across")),
+    # (B, L, C) staged by cp.async: Mamba's causal SiLU design walking rows (tiles past the ring of two,
+    # the last block short), a walk inside a row with the last tile's tail, fp32, and no walk
+    (Problem(3, 64, 32, 4, 1, 3, 1, "bf16", layout="blc", padding_right=0),
+     Config(threads=128, outs=16, tc=64, stage="async", tiles=4, walk="across")),
+    (Problem(2, 32, 999, 4, 1, 3, 1, "bf16", layout="blc"), Config(threads=256, outs=8, tc=32, stage="async", tiles=2)),
+    (Problem(1, 32, 1024, 4, 1, 3, 1, "fp32", layout="blc"),
+     Config(threads=128, outs=8, tc=32, stage="async", tiles=4)),
+    (Problem(2, 16, 999, 3, 1, 1, 2, "fp16", layout="blc"), Config(threads=128, outs=8, tc=16, stage="async",
+                                                                    tiles=4)),
 ]
 
 

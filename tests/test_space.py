@@ -269,24 +269,28 @@ def brute_force_bwd_ok(p: Problem, threads, outs, tc, stage, tiles, walk, regs) 
     slack = 2 * vec if p.layout == "bcl" else 0
     # x window (tile and both halos) and grad_out window (tile and one halo), each with its slack, per channel
     # of the tile (over (B, C, L) with one float in 33 left empty, and one more), and a warp's K + 1 sums
-    # (weights and bias) per warp, all as floats; the raw stage holds both windows as stored, in words
+    # (weights and bias) per warp, all as floats; the raw stage holds both windows as stored, in words; the
+    # async stage (over (B, L, C)) two copies of both windows as stored
     xw, gw = tile + 2 * halo + slack, tile + halo + slack
     windows = (math.ceil(xw * 33 / 32) + math.ceil(gw * 33 / 32) + 2) if p.layout == "bcl" else (xw + gw) * tc
-    if stage != "f32":
+    if stage == "async":
+        windows = 2 * (xw + gw) * tc * p.elem_bytes // 4
+    elif stage != "f32":
         xwords = raw_window_words(p, threads, outs, tile + 2 * halo, outs + 2 * halo)
         windows = -(-xwords // 4) * 4 + raw_window_words(p, threads, outs, tile + halo, outs + halo)
     smem = 4 * (windows + threads // 32 * (p.kernel_size + 1) * 32)
     # a thread's run: x and grad_out windows of outs + halo, and outs results, within 96 floats
     run = 2 * (outs + halo) + outs
     return (p.stride == 1 and (tc == 1 if p.layout == "bcl" else tc >= 16) and threads % tc == 0
-            and (stage == "f32" or p.layout == "bcl") and (stage != "rawp" or p.elem_bytes == 2)
+            and (stage in ("f32", "async") or p.layout == "bcl") and (stage != "async" or p.layout == "blc")
+            and (stage != "rawp" or p.elem_bytes == 2)
             and (p.layout == "bcl" or p.channels % vec == 0) and smem <= 48 * 1024 and run <= 96
             and tile <= max(p.length, 256) and walk_ok(p, tile, tiles, walk)
             # 56 registers a thread: 9 blocks of 128 threads (65536 / 1152 = 56.9); 256 threads get 4 blocks
             # (64 registers) and 512 get 2, so only 128 threads reach it; and only on the raw stages.
             # 128: 4 blocks of 128 threads or 2 of 256 (512 threads cannot take more anyway); long filters only
             # 80: 6 blocks of 128 threads or 3 of 256 (1 of 512 would allow 128); (B, L, C) only
-            and (regs == 0 or (regs == 56 and threads == 128 and stage != "f32")
+            and (regs == 0 or (regs == 56 and threads == 128 and stage in ("raw", "rawp"))
                  or (regs == 128 and threads in (128, 256) and p.kernel_size >= 16)
                  or (regs == 80 and threads in (128, 256) and p.layout == "blc")))
 
