@@ -63,6 +63,11 @@ class Config(AxisConfig):
         """__launch_bounds__'s minimum blocks an SM that caps ptxas at `regs` (0: none asked)."""
         return REGISTERS_PER_SM // (self.threads * self.regs) if self.regs else 0
 
+    @property
+    def raw(self) -> bool:
+        """Windows staged as stored and widened in registers (the raw and rawp stages)."""
+        return self.stage in ("raw", "rawp")
+
 
 @dataclass(frozen=True)
 class Tiling:
@@ -115,7 +120,7 @@ class Tiling:
         xw, gw = tl + 2 * h + self.slack, tl + h + self.slack
         if c.stage == "async":  # two buffers of each window, as stored
             windows = 2 * (xw + gw) * c.tc * self.problem.elem_bytes // 4
-        elif c.stage != "f32":  # raw: 4-byte words, each 16-byte aligned
+        elif c.raw:  # 4-byte words, each 16-byte aligned
             rw = c.outs + h
             xwords = self.raw_words(tl + 2 * h, self.run_words(rw + h))
             gwords = self.raw_words(tl + h, self.run_words(rw))
@@ -192,7 +197,7 @@ def walk_fits(p: Problem, c: Config) -> bool:
 # The designs each register ceiling is for: elsewhere the ceiling is above what ptxas takes (the variant would
 # repeat its uncapped twin) or not worth its compile.
 CEILING_FOR: dict[int, Callable[[Problem, Config], bool]] = {
-    56: lambda p, c: c.stage in ("raw", "rawp"),
+    56: lambda p, c: c.raw,
     80: lambda p, c: p.layout == "blc",
     128: lambda p, c: p.kernel_size >= 16,
 }
@@ -258,7 +263,7 @@ def render_context(p: Problem, c: Config) -> dict:
     return {
         "threads": c.threads, "outs": c.outs, "tile_channels": c.tc, "vec": t.vec, "slack": t.slack,
         "kernel_size": p.kernel_size, "dilation": p.dilation, "bcl": p.layout == "bcl",
-        "raw": c.stage in ("raw", "rawp"), "async_stage": c.stage == "async",
+        "raw": c.raw, "async_stage": c.stage == "async",
         "top_half": DTYPES[p.dtype].top_half, "permute": c.stage == "rawp",
         "tiles": c.tiles, "across": c.walk == "across", "min_blocks": c.min_blocks,
     }

@@ -64,7 +64,7 @@ class Config(AxisConfig):
 
     @property
     def gx(self) -> tc.Config:
-        return tc.Config(warps=self.warps, nt=self.nt, tile=self.tile, walk=self.walk)
+        return tc.Config(**{n: getattr(self, n) for n in tc.AXES})
 
 
 def mirrored(p: Problem) -> Problem:
@@ -242,7 +242,7 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
     if rest[:1] == ["mma"]:
         fields["wgrad"], rest = "mma", rest[1:]
     gx = tc.config_from_tokens(rest, name)
-    return Config(**fields, warps=gx.warps, nt=gx.nt, tile=gx.tile, walk=gx.walk)
+    return Config(**fields, **{n: getattr(gx, n) for n in tc.AXES})
 
 
 def render_context(p: Problem, c: Config) -> dict:
