@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, bwd, bwdtc, tc
+from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, tc
 from dwgen.problem import ACTIVATIONS, Problem, ProblemError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -70,7 +70,8 @@ class Family:
 FAMILIES: dict[tuple[str, str], tuple[Family, ...]] = {
     ("fwd", "bcl"): (Family("dw1d", "fwd", "bcl", bcl), Family("dw1d_tc", "fwd", "bcl", tc)),
     ("fwd", "blc"): (Family("dw1d", "fwd", "blc", blc),),
-    ("bwd", "bcl"): (Family("dw1d_bwd", "bwd", "bcl", bwd), Family("dw1d_bwdtc", "bwd", "bcl", bwdtc)),
+    ("bwd", "bcl"): (Family("dw1d_bwd", "bwd", "bcl", bwd), Family("dw1d_bwdtc", "bwd", "bcl", bwdtc),
+                     Family("dw1d_bwdlane", "bwd", "bcl", bwdlane)),
     ("bwd", "blc"): (Family("dw1d_bwd", "bwd", "blc", bwd),),
 }
 DIRECTIONS = ("fwd", "bwd")

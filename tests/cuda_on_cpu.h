@@ -212,6 +212,28 @@ inline void __syncthreads() { emu::block_barrier.wait(); }
 
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barriers[threadIdx.x / 32].wait(); }
 
+// Lane `from(lane)` of the warp's values of v (a lane out of range gets its own, as on the device).
+template <class V, class F>
+V shfl_from(const V v, F from) {
+    static_assert(sizeof(V) == 4, "32-bit lanes");
+    const unsigned t = threadIdx.x, w = t / 32;
+    std::memcpy(&emu::exchange[t], &v, 4);
+    emu::warp_barriers[w].wait();
+    const int src = from(static_cast<int>(t % 32));
+    V r;
+    std::memcpy(&r, &emu::exchange[w * 32 + (src >= 0 && src < 32 ? src : static_cast<int>(t % 32))], 4);
+    emu::warp_barriers[w].wait();
+    return r;
+}
+template <class V>
+V __shfl_up_sync(unsigned, const V v, const unsigned d) {
+    return shfl_from(v, [d](int l) { return l - static_cast<int>(d); });
+}
+template <class V>
+V __shfl_down_sync(unsigned, const V v, const unsigned d) {
+    return shfl_from(v, [d](int l) { return l + static_cast<int>(d); });
+}
+
 template <class V>
 V __shfl_xor_sync(unsigned, const V v, const int mask) {
     static_assert(sizeof(V) == 4, "32-bit lanes");

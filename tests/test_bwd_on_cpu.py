@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dwgen.check import backward_reference, compare, grad_output, make_inputs
+from dwgen.families import bwdlane
 from dwgen.families.bwd import Config
 from dwgen.problem import Problem
 from dwgen.space import Variant, violations
@@ -167,6 +168,17 @@ CASES = [
      Config(threads=128, outs=8, tc=32, stage="async", tiles=4)),
     (Problem(2, 16, 999, 3, 1, 1, 2, "fp16", layout="blc"), Config(threads=128, outs=8, tc=16, stage="async",
                                                                     tiles=4)),
+    # the lane family (causal, rows of whole vectors): Mamba's row as one chunk, rows walked in chunks from
+    # their ends (fp32, dilation 2), two batch rows a block, each fetching the next step's runs ahead (across
+    # chunks and rows), a halo of one word and of 7 elements, K1 (none)
+    (Problem(3, 3, 2048, 4, 1, 3, 1, "bf16", padding_right=0), bwdlane.Config(threads=128, outs=16)),
+    (Problem(2, 3, 1000, 3, 1, 4, 2, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8, rows=2)),
+    (Problem(2, 3, 1000, 3, 1, 4, 2, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8, rows=2, ahead=True)),
+    (Problem(3, 3, 2048, 4, 1, 3, 1, "bf16", padding_right=0), bwdlane.Config(threads=64, outs=8, rows=4, ahead=True)),
+    (Problem(3, 2, 1056, 4, 1, 3, 1, "fp16", padding_right=0), bwdlane.Config(threads=64, outs=32, rows=4)),
+    (Problem(2, 2, 1040, 3, 1, 2, 1, "bf16", padding_right=0), bwdlane.Config(threads=64, outs=8, rows=2)),
+    (Problem(2, 2, 776, 8, 1, 7, 1, "bf16", padding_right=0), bwdlane.Config(threads=128, outs=8)),
+    (Problem(2, 2, 512, 1, 1, 0, 1, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8)),
 ]
 
 

@@ -85,6 +85,26 @@ def test_sampled_split_backward_variants_pass_the_workers_check(p, tmp_path):
     assert worker.restarts == 0
 
 
+# The lane backward (causal rows of whole vectors, halos by warp shuffles): Mamba's conv with SiLU, a dilated
+# fp32 one with bias, fp16 rows of several chunks; each variant also on its family's edge problems.
+LANE_PROBLEMS = [Problem(4, 32, 2048, 4, 1, 3, dtype="bf16", padding_right=0, activation="silu"),
+                 Problem(3, 16, 1000, 3, 1, 4, 2, bias=True, padding_right=0),
+                 Problem(2, 24, 4104, 4, 1, 3, dtype="fp16", bias=True, padding_right=0, activation="silu")]
+
+
+@pytest.mark.parametrize("p", LANE_PROBLEMS, ids=lambda p: p.key)
+def test_sampled_lane_backward_variants_pass_the_workers_check(p, tmp_path):
+    space = [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdlane"]
+    vs = random.Random(2).sample(space, min(4, len(space)))
+    worker = BwdGpuWorker(p)
+    try:
+        results = _evaluated(worker, vs, _built(vs, tmp_path))
+        assert not [r.summary() for r in results if not r.ok]
+    finally:
+        worker.close()
+    assert worker.restarts == 0
+
+
 def test_a_forward_library_is_no_backward_kernel(tmp_path):
     """A library whose launch is not the backward's (here, no such symbol) fails the candidate, not the search."""
     p = Problem(4, 64, 1000)

@@ -1,0 +1,194 @@
+"""The lane backward over (B, C, L) for causal problems at stride 1: grad_x and the weight partials with no
+shared-memory windows, each thread's halos taken from the lanes beside it by warp shuffles.
+
+Why: the fused family stages a tile of x and grad_out in shared memory and a Mamba row (2048 positions) is
+one tile, so each thread's 16-position run pays the tile's fetch, commit, realigned run loads and the block's
+set-up and reduction; Nsight Compute counted 55 warp instructions an output for the Mamba SiLU backward at
+88.6% issue-active (fourteenth session, docs/perf-notes.md). Reading the run straight into registers and
+shuffling the halos leaves about 32 (a count of the kernel's own arithmetic). Causal only (P = H, Lout = L:
+what Mamba, Hyena and other short-convolution language models run), so that every thread's grad_out run sits
+over its own x run and no padding offset has to be shifted through registers at run time.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dwgen.dtypes import DTYPES
+from dwgen.families import AxisConfig
+from dwgen.problem import Problem
+
+TEMPLATE = "dw1d_bwd_lane.cu.j2"
+
+AXES: dict[str, tuple] = {
+    "threads": (64, 128, 256),
+    # positions a thread owns: a multiple of a 16-byte vector, and at least the halo (which comes whole
+    # from the lane beside)
+    "outs": (8, 16, 32),
+    # batch rows of its channel a block walks, its weight sums carried across them (one partial slot and
+    # one reduction a block)
+    "rows": (1, 2, 4, 8),
+    # the next step's runs fetched into registers before this step's are computed (token ahead), their loads
+    # in flight meanwhile, for walks of more than one step
+    "ahead": (False, True),
+}
+
+MAX_RUN_FLOATS = 112  # x and its halo, grad_out through the slope and grad_x a thread holds for its run
+
+
+@dataclass(frozen=True)
+class Config(AxisConfig):
+    threads: int = 128
+    outs: int = 16
+    rows: int = 1
+    ahead: bool = False
+
+    AXES = AXES
+
+
+@dataclass(frozen=True)
+class Tiling:
+    problem: Problem
+    config: Config
+
+    @property
+    def vec(self) -> int:
+        return DTYPES[self.problem.dtype].max_vec
+
+    @property
+    def halo(self) -> int:
+        return (self.problem.kernel_size - 1) * self.problem.dilation
+
+    @property
+    def chunk(self) -> int:
+        """Positions a block covers at a step."""
+        return self.config.threads * self.config.outs
+
+    @property
+    def run_registers(self) -> int:
+        return 3 * self.config.outs + 2 * self.halo
+
+
+def bcl_only(p: Problem, c: Config) -> bool:
+    return p.layout == "bcl"
+
+
+def stride_one(p: Problem, c: Config) -> bool:
+    return p.stride == 1
+
+
+def causal(p: Problem, c: Config) -> bool:
+    """P = H on the left and none on the right: grad_out's run lies over the thread's own x run."""
+    return p.causal
+
+
+def rows_whole_vectors(p: Problem, c: Config) -> bool:
+    """Every row starts on a 16-byte boundary (x, grad_out and grad_x from 16-byte aligned pointers)."""
+    return p.length % Tiling(p, c).vec == 0
+
+
+def run_whole_vectors(p: Problem, c: Config) -> bool:
+    return c.outs % Tiling(p, c).vec == 0
+
+
+def halo_within_next_lane(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).halo <= c.outs
+
+
+def run_fits_registers(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).run_registers <= MAX_RUN_FLOATS
+
+
+def chunk_fits_length(p: Problem, c: Config) -> bool:
+    """A chunk no longer than twice the row (past that, most of the block would idle: half the threads do
+    the same row)."""
+    return Tiling(p, c).chunk // 2 < max(p.length, 256)
+
+
+def ahead_has_a_next_step(p: Problem, c: Config) -> bool:
+    """Fetching ahead needs a walk of two steps or more: two rows, or a row longer than a chunk."""
+    return not c.ahead or (c.rows > 1 and p.batch > 1) or Tiling(p, c).chunk < p.length
+
+
+def rows_fit(p: Problem, c: Config) -> bool:
+    """A walk of n rows only where half as many would not cover the batch (else a variant already asked)."""
+    return c.rows == 1 or c.rows // 2 < p.batch
+
+
+RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
+    bcl_only,
+    stride_one,
+    causal,
+    rows_whole_vectors,
+    run_whole_vectors,
+    halo_within_next_lane,
+    run_fits_registers,
+    chunk_fits_length,
+    rows_fit,
+    ahead_has_a_next_step,
+)
+
+
+def applies(p: Problem) -> bool:
+    """What RESTRICTIONS ask of the problem alone (and that some run holds its halo)."""
+    c = Config(outs=max(AXES["outs"]))
+    return all(r(p, c) for r in (bcl_only, stride_one, causal, rows_whole_vectors, halo_within_next_lane))
+
+
+def name_tokens(c: Config) -> list[str]:
+    return [f"t{c.threads}", f"o{c.outs}", *([f"n{c.rows}"] if c.rows != 1 else []), *(["ahead"] if c.ahead else [])]
+
+
+def config_from_tokens(tokens: list[str], name: str) -> Config:
+    fields: dict = {}
+    for tok in tokens:
+        if tok == "ahead" and "ahead" not in fields:
+            fields["ahead"] = True
+            continue
+        key = {"t": "threads", "o": "outs", "n": "rows"}.get(tok[:1])
+        if key is None or not tok[1:].isdigit() or key in fields:
+            raise ValueError(f"{name}: unknown token {tok!r}")
+        fields[key] = int(tok[1:])
+    return Config(**fields)
+
+
+def render_context(p: Problem, c: Config) -> dict:
+    return {"threads": c.threads, "outs": c.outs, "rows": c.rows, "vec": Tiling(p, c).vec,
+            "kernel_size": p.kernel_size, "dilation": p.dilation, "top_half": DTYPES[p.dtype].top_half,
+            "ahead": c.ahead, "min_blocks": 0}
+
+
+def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
+    """Causal rows (the padding is the halo) of whole vectors: one vector, shorter than a chunk, a chunk and
+    a vector (a second chunk almost empty), chunks walked right to left, batches that are not whole walks."""
+    t = Tiling(p, c)
+    v, ch, h = t.vec, t.chunk, t.halo
+    return [(1, 1, v, h, p.bias), (2, 3, 2 * v, h, not p.bias), (1, 3, ch + v, h, p.bias),
+            (c.rows + 1, 2, 2 * ch - v, h, not p.bias), (3, 5, 3 * ch + 5 * v, h, p.bias),
+            (2 * c.rows + 1, 7, 1000, h, p.bias)]
+
+
+def align_bytes(p: Problem, c: Config) -> int:
+    """x, grad_out and grad_x move in 16-byte vectors from their rows' starts."""
+    return 16
+
+
+def channel_multiple(p: Problem, c: Config) -> int:
+    return 1
+
+
+KNOWN_GOOD: tuple[Config, ...] = (
+    # the Mamba SiLU backward (H200, fifteenth session, 50-trial tune's interleaved re-timing): t128_o8_n4
+    # 0.1087 ms (1.68x copy), t128_o8_n2 0.1102, t256_o8_n8 0.1103, t64_o8_n2 0.1105; t64_o32 0.1134 in an
+    # earlier tune; the fused family's best 0.1378. Fetching ahead lost in every design (0.113-0.136).
+    Config(threads=128, outs=8, rows=4),
+    Config(threads=128, outs=8, rows=2),
+    Config(threads=256, outs=8, rows=8),
+    Config(threads=64, outs=8, rows=2),
+    Config(threads=64, outs=32, rows=1),
+    Config(threads=128, outs=16, rows=2),
+)
+
+
+def generic_config(p: Problem) -> Config:
+    return KNOWN_GOOD[0]
