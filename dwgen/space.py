@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, tc
+from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, bwdwalk, tc
 from dwgen.problem import ACTIVATIONS, Problem, ProblemError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -72,7 +72,7 @@ FAMILIES: dict[tuple[str, str], tuple[Family, ...]] = {
     ("fwd", "blc"): (Family("dw1d", "fwd", "blc", blc),),
     ("bwd", "bcl"): (Family("dw1d_bwd", "bwd", "bcl", bwd), Family("dw1d_bwdtc", "bwd", "bcl", bwdtc),
                      Family("dw1d_bwdlane", "bwd", "bcl", bwdlane)),
-    ("bwd", "blc"): (Family("dw1d_bwd", "bwd", "blc", bwd),),
+    ("bwd", "blc"): (Family("dw1d_bwd", "bwd", "blc", bwd), Family("dw1d_bwdwalk", "bwd", "blc", bwdwalk)),
 }
 DIRECTIONS = ("fwd", "bwd")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dwgen.check import backward_reference, compare, grad_output, make_inputs
-from dwgen.families import bwdlane
+from dwgen.families import bwdlane, bwdwalk
 from dwgen.families.bwd import Config
 from dwgen.problem import Problem
 from dwgen.space import Variant, violations
@@ -179,6 +179,16 @@ CASES = [
     (Problem(2, 2, 1040, 3, 1, 2, 1, "bf16", padding_right=0), bwdlane.Config(threads=64, outs=8, rows=2)),
     (Problem(2, 2, 776, 8, 1, 7, 1, "bf16", padding_right=0), bwdlane.Config(threads=128, outs=8)),
     (Problem(2, 2, 512, 1, 1, 0, 1, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8)),
+    # the walking family over (B, L, C) (causal): Mamba's design, 4- 8- and 16-byte vectors, fp32 dilated,
+    # rows of several blocks and walks cut short by the row's end; channel tiles past C come from the edges
+    (Problem(2, 64, 300, 4, 1, 3, 1, "bf16", layout="blc", padding_right=0),
+     bwdwalk.Config(threads=128, ct=16, vec=2, seg=32, unroll=8)),
+    (Problem(2, 64, 300, 4, 1, 3, 1, "fp16", layout="blc", padding_right=0),
+     bwdwalk.Config(threads=128, ct=16, vec=4, seg=32, unroll=4)),
+    (Problem(1, 40, 500, 3, 1, 4, 2, "fp32", layout="blc", padding_right=0),
+     bwdwalk.Config(threads=128, ct=16, vec=2, seg=64, unroll=8)),
+    (Problem(2, 72, 200, 2, 1, 1, 1, "bf16", layout="blc", padding_right=0),
+     bwdwalk.Config(threads=128, ct=16, vec=8, seg=32, unroll=4)),
 ]
 
 

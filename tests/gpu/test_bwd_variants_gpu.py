@@ -105,6 +105,27 @@ def test_sampled_lane_backward_variants_pass_the_workers_check(p, tmp_path):
     assert worker.restarts == 0
 
 
+# The walking backward over (B, L, C) (causal, channels in whole vectors): Mamba's conv with SiLU, fp32
+# dilated with bias, fp16 with rows of several blocks.
+WALK_PROBLEMS = [Problem(4, 256, 2048, 4, 1, 3, dtype="bf16", layout="blc", padding_right=0, activation="silu"),
+                 Problem(3, 96, 1000, 3, 1, 4, 2, bias=True, layout="blc", padding_right=0),
+                 Problem(2, 128, 4100, 4, 1, 3, dtype="fp16", bias=True, layout="blc", padding_right=0,
+                         activation="silu")]
+
+
+@pytest.mark.parametrize("p", WALK_PROBLEMS, ids=lambda p: p.key)
+def test_sampled_walk_backward_variants_pass_the_workers_check(p, tmp_path):
+    space = [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdwalk"]
+    vs = random.Random(3).sample(space, min(4, len(space)))
+    worker = BwdGpuWorker(p)
+    try:
+        results = _evaluated(worker, vs, _built(vs, tmp_path))
+        assert not [r.summary() for r in results if not r.ok]
+    finally:
+        worker.close()
+    assert worker.restarts == 0
+
+
 def test_a_forward_library_is_no_backward_kernel(tmp_path):
     """A library whose launch is not the backward's (here, no such symbol) fails the candidate, not the search."""
     p = Problem(4, 64, 1000)

@@ -1,0 +1,195 @@
+"""The walking backward over (B, L, C) for causal problems at stride 1: each thread owns a vector of
+neighbouring channels and walks a stretch of the length, its halo held in registers; no shared-memory windows.
+
+Why: the fused family stages a tile of TC channels by TL positions in shared memory, and each thread then
+reads its one channel's run from it element by element (a 2-byte shared load an element for 16-bit types);
+with SiLU the Mamba `(B, L, C)` backward read 2.10x copy against 1.68x for the `(B, C, L)` lane family
+(fifteenth session). Over `(B, L, C)` a thread's own positions follow each other, so walking them keeps the
+last H + 1 inputs in registers: x and grad_out are read once each from memory, a warp's vector loads side by
+side across the channels (one contiguous request a position), and only the first H positions of a walk are
+read twice. Causal only (P = H, Lout = L), as for the lane family.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dwgen.families import AxisConfig
+from dwgen.problem import Problem
+
+TEMPLATE = "dw1d_bwd_walk.cu.j2"
+
+AXES: dict[str, tuple] = {
+    "threads": (128, 256, 512),
+    "ct": (16, 32, 64),  # threads side by side across the channels (the rest of the block along the length)
+    "vec": (1, 2, 4, 8),  # channels a thread, one vector access of 4, 8 or 16 bytes
+    "seg": (32, 64, 128, 256),  # positions a thread walks
+    "unroll": (4, 8),  # positions whose loads are issued together
+}
+
+STATIC_SMEM_BYTES = 48 * 1024
+MAX_STATE_FLOATS = 80  # weights, windows and sums a thread holds for its channels
+
+
+@dataclass(frozen=True)
+class Config(AxisConfig):
+    threads: int = 256
+    ct: int = 32
+    vec: int = 2
+    seg: int = 64
+    unroll: int = 8
+
+    AXES = AXES
+
+
+@dataclass(frozen=True)
+class Tiling:
+    problem: Problem
+    config: Config
+
+    @property
+    def halo(self) -> int:
+        return (self.problem.kernel_size - 1) * self.problem.dilation
+
+    @property
+    def rows(self) -> int:
+        """Thread rows along the length in a block."""
+        return self.config.threads // self.config.ct
+
+    @property
+    def span(self) -> int:
+        """Positions a block covers along a row."""
+        return self.rows * self.config.seg
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.rows * (self.problem.kernel_size + 1) * self.config.ct * self.config.vec
+
+    @property
+    def state_floats(self) -> int:
+        k, h = self.problem.kernel_size, self.halo
+        return self.config.vec * (k + 1 + 2 * (h + 1) + (k + 1))
+
+
+def blc_only(p: Problem, c: Config) -> bool:
+    return p.layout == "blc"
+
+
+def stride_one(p: Problem, c: Config) -> bool:
+    return p.stride == 1
+
+
+def causal(p: Problem, c: Config) -> bool:
+    """P = H on the left and none on the right: each position's terms are complete H positions later."""
+    return p.causal
+
+
+def vector_of_4_to_16_bytes(p: Problem, c: Config) -> bool:
+    return c.vec * p.elem_bytes in (4, 8, 16)
+
+
+def channels_whole_vectors(p: Problem, c: Config) -> bool:
+    return p.channels % c.vec == 0
+
+
+def state_fits_registers(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).state_floats <= MAX_STATE_FLOATS
+
+
+def fits_static_smem(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).smem_bytes <= STATIC_SMEM_BYTES
+
+
+def walk_covers_halo(p: Problem, c: Config) -> bool:
+    """A walk much longer than the H positions it re-reads (at most an eighth of them)."""
+    return 8 * Tiling(p, c).halo <= c.seg
+
+
+def whole_warps_across(p: Problem, c: Config) -> bool:
+    return c.ct <= c.threads and c.threads % c.ct == 0
+
+
+def channels_fill_block(p: Problem, c: Config) -> bool:
+    """No more channel threads than half again the channels need (else the grid is another variant's)."""
+    return (c.ct // 2) * c.vec < p.channels
+
+
+def span_fits_length(p: Problem, c: Config) -> bool:
+    """A block's span no longer than twice the row (past that, most of its rows would idle)."""
+    return Tiling(p, c).span // 2 < max(p.length, 256)
+
+
+RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
+    blc_only,
+    stride_one,
+    causal,
+    vector_of_4_to_16_bytes,
+    channels_whole_vectors,
+    state_fits_registers,
+    fits_static_smem,
+    walk_covers_halo,
+    whole_warps_across,
+    channels_fill_block,
+    span_fits_length,
+)
+
+
+def applies(p: Problem) -> bool:
+    """What RESTRICTIONS ask of the problem alone (and that some walk covers its halo)."""
+    c = Config(seg=max(AXES["seg"]))
+    return all(r(p, c) for r in (blc_only, stride_one, causal, walk_covers_halo))
+
+
+def name_tokens(c: Config) -> list[str]:
+    return [f"t{c.threads}", f"c{c.ct}", f"v{c.vec}", f"s{c.seg}", f"u{c.unroll}"]
+
+
+def config_from_tokens(tokens: list[str], name: str) -> Config:
+    keys = {"t": "threads", "c": "ct", "v": "vec", "s": "seg", "u": "unroll"}
+    fields: dict = {}
+    for tok in tokens:
+        key = keys.get(tok[:1])
+        if key is None or not tok[1:].isdigit() or key in fields:
+            raise ValueError(f"{name}: unknown token {tok!r}")
+        fields[key] = int(tok[1:])
+    return Config(**fields)
+
+
+def render_context(p: Problem, c: Config) -> dict:
+    return {"threads": c.threads, "channel_threads": c.ct, "vec": c.vec, "seg": c.seg, "unroll": c.unroll,
+            "kernel_size": p.kernel_size, "dilation": p.dilation}
+
+
+def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
+    """Causal rows (the padding is the halo): shorter than the halo, than a walk, a block's span and a
+    little, several spans; channels past the last block's threads."""
+    t = Tiling(p, c)
+    v, h, sp = c.vec, t.halo, t.span
+    return [(1, v, 1, h, p.bias), (2, 3 * v, h + 2, h, not p.bias), (1, c.ct * v + v, c.seg + 3, h, p.bias),
+            (2, 2 * v, sp + 5, h, not p.bias), (3, 5 * v, 2 * sp + c.seg + 1, h, p.bias),
+            (2, 7 * v, 999, h, p.bias)]
+
+
+def align_bytes(p: Problem, c: Config) -> int:
+    """x, grad_out and grad_x move in vectors of `vec` channels from each position's first channel."""
+    return c.vec * p.elem_bytes
+
+
+def channel_multiple(p: Problem, c: Config) -> int:
+    return c.vec
+
+
+KNOWN_GOOD: tuple[Config, ...] = (
+    # the Mamba SiLU (B, L, C) backward (H200, fifteenth session's tunes, interleaved re-timings):
+    # t256_c64_v4_s256_u8 0.1245 ms (frozen; 1.93x copy in the bench), t256_c32_v4_s256_u8 0.1231,
+    # t512_c64_v4_s256_u8 0.1242, the s128 walks 0.1285-0.1298; the fused family's best 0.1378
+    Config(threads=256, ct=64, vec=4, seg=256, unroll=8),
+    Config(threads=256, ct=32, vec=4, seg=256, unroll=8),
+    Config(threads=512, ct=64, vec=4, seg=256, unroll=8),
+    Config(threads=256, ct=32, vec=4, seg=128, unroll=8),
+    Config(threads=256, ct=32, vec=2, seg=64, unroll=8),
+)
+
+
+def generic_config(p: Problem) -> Config:
+    return KNOWN_GOOD[0]
