@@ -17,3 +17,15 @@ class AxisConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# Restrictions the causal backward families share (each family names the ones it applies in RESTRICTIONS).
+def stride_one(p, c) -> bool:
+    """A backward written as a correlation over each thread's own positions holds at stride 1 only."""
+    return p.stride == 1
+
+
+def causal(p, c) -> bool:
+    """P = H on the left and none on the right (Lout = L): grad_out position o pairs with x from o - H to o,
+    so a thread's grad_out positions lie over its own x positions, and its halo is H on one side."""
+    return p.causal

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import AxisConfig
+from dwgen.families import AxisConfig, causal, stride_one
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_bwd_lane.cu.j2"
@@ -73,13 +73,6 @@ def bcl_only(p: Problem, c: Config) -> bool:
     return p.layout == "bcl"
 
 
-def stride_one(p: Problem, c: Config) -> bool:
-    return p.stride == 1
-
-
-def causal(p: Problem, c: Config) -> bool:
-    """P = H on the left and none on the right: grad_out's run lies over the thread's own x run."""
-    return p.causal
 
 
 def rows_whole_vectors(p: Problem, c: Config) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dwgen.families import AxisConfig
+from dwgen.families import AxisConfig, causal, stride_one
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_bwd_walk.cu.j2"
@@ -75,13 +75,6 @@ def blc_only(p: Problem, c: Config) -> bool:
     return p.layout == "blc"
 
 
-def stride_one(p: Problem, c: Config) -> bool:
-    return p.stride == 1
-
-
-def causal(p: Problem, c: Config) -> bool:
-    """P = H on the left and none on the right: each position's terms are complete H positions later."""
-    return p.causal
 
 
 def vector_of_4_to_16_bytes(p: Problem, c: Config) -> bool:
