@@ -11,6 +11,7 @@ over its own x run and no padding offset has to be shifted through registers at 
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,7 +67,15 @@ class Tiling:
 
     @property
     def run_registers(self) -> int:
-        return 3 * self.config.outs + 2 * self.halo
+        """x and its halo, grad_out through the slope and grad_x for the run, and (ahead) the next step's
+        runs of x and grad_out as words."""
+        words = 2 * self.config.outs * self.problem.elem_bytes // 4 if self.config.ahead else 0
+        return 3 * self.config.outs + 2 * self.halo + words
+
+    @property
+    def slots(self) -> int:
+        """Partial slots, one a block: the grid's second dimension."""
+        return -(-self.problem.batch // self.config.rows)
 
 
 def bcl_only(p: Problem, c: Config) -> bool:
@@ -103,6 +112,11 @@ def ahead_has_a_next_step(p: Problem, c: Config) -> bool:
     return not c.ahead or (c.rows > 1 and p.batch > 1) or Tiling(p, c).chunk < p.length
 
 
+def grid_fits(p: Problem, c: Config) -> bool:
+    """The batch's row groups are the grid's y dimension (at most 65535; the launch refuses more)."""
+    return Tiling(p, c).slots <= 65535
+
+
 def rows_fit(p: Problem, c: Config) -> bool:
     """A walk of n rows only where half as many would not cover the batch (else a variant already asked)."""
     return c.rows == 1 or c.rows // 2 < p.batch
@@ -119,13 +133,16 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     chunk_fits_length,
     rows_fit,
     ahead_has_a_next_step,
+    grid_fits,
 )
 
 
+_ALL = tuple(Config(*v) for v in itertools.product(*AXES.values()))
+
+
 def applies(p: Problem) -> bool:
-    """What RESTRICTIONS ask of the problem alone (and that some run holds its halo)."""
-    c = Config(outs=max(AXES["outs"]))
-    return all(r(p, c) for r in (bcl_only, stride_one, causal, rows_whole_vectors, halo_within_next_lane))
+    """Whether any of the family's designs fits p (a family with none would only cost the tune its asks)."""
+    return p.layout == "bcl" and p.causal and any(all(r(p, c) for r in RESTRICTIONS) for c in _ALL)
 
 
 def name_tokens(c: Config) -> list[str]:

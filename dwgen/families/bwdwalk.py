@@ -11,6 +11,7 @@ read twice. Causal only (P = H, Lout = L), as for the lane family.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,8 +68,19 @@ class Tiling:
 
     @property
     def state_floats(self) -> int:
+        """Weights and bias, the two windows and the weight sums for the thread's channels."""
         k, h = self.problem.kernel_size, self.halo
         return self.config.vec * (k + 1 + 2 * (h + 1) + (k + 1))
+
+    @property
+    def load_words(self) -> int:
+        """The batch's vectors of x and grad_out, in flight together."""
+        return 2 * self.config.unroll * self.config.vec * self.problem.elem_bytes // 4
+
+    @property
+    def slots(self) -> int:
+        """Partial slots, one a block: the grid's second dimension."""
+        return self.problem.batch * -(-self.problem.length // self.span)
 
 
 def blc_only(p: Problem, c: Config) -> bool:
@@ -87,6 +99,18 @@ def channels_whole_vectors(p: Problem, c: Config) -> bool:
 
 def state_fits_registers(p: Problem, c: Config) -> bool:
     return Tiling(p, c).state_floats <= MAX_STATE_FLOATS
+
+
+def loads_fit_block_registers(p: Problem, c: Config) -> bool:
+    """The state and the batch's loads within what a block of this size leaves a thread (65536 registers an
+    SM, 255 a thread), with about 20 for addresses and temporaries: past that ptxas spills."""
+    t = Tiling(p, c)
+    return t.state_floats + t.load_words <= min(255, 65536 // c.threads) - 20
+
+
+def grid_fits(p: Problem, c: Config) -> bool:
+    """Batch rows times a row's blocks are the grid's y dimension (at most 65535; the launch refuses more)."""
+    return Tiling(p, c).slots <= 65535
 
 
 def fits_static_smem(p: Problem, c: Config) -> bool:
@@ -119,18 +143,22 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     vector_of_4_to_16_bytes,
     channels_whole_vectors,
     state_fits_registers,
+    loads_fit_block_registers,
     fits_static_smem,
     walk_covers_halo,
     whole_warps_across,
     channels_fill_block,
     span_fits_length,
+    grid_fits,
 )
 
 
+_ALL = tuple(Config(*v) for v in itertools.product(*AXES.values()))
+
+
 def applies(p: Problem) -> bool:
-    """What RESTRICTIONS ask of the problem alone (and that some walk covers its halo)."""
-    c = Config(seg=max(AXES["seg"]))
-    return all(r(p, c) for r in (blc_only, stride_one, causal, walk_covers_halo))
+    """Whether any of the family's designs fits p (a family with none would only cost the tune its asks)."""
+    return p.layout == "blc" and p.causal and any(all(r(p, c) for r in RESTRICTIONS) for c in _ALL)
 
 
 def name_tokens(c: Config) -> list[str]:
