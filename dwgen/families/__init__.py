@@ -1,6 +1,8 @@
 """Kernel families: one module per kind of kernel (direction, layout), each its axes, restrictions and geometry."""
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import asdict
 
 
@@ -29,3 +31,15 @@ def causal(p, c) -> bool:
     """P = H on the left and none on the right (Lout = L): grad_out position o pairs with x from o - H to o,
     so a thread's grad_out positions lie over its own x positions, and its halo is H on one side."""
     return p.causal
+
+
+@functools.cache
+def all_designs(config_type: type) -> tuple:
+    """Every config of a family's config dataclass: the product of its axes."""
+    return tuple(config_type(*v) for v in itertools.product(*config_type.AXES.values()))
+
+
+def some_design_fits(p, config_type: type, restrictions) -> bool:
+    """Whether any of a family's designs passes all its restrictions on p: a family with none would only cost
+    a tune its asks (each refused)."""
+    return any(all(r(p, c) for r in restrictions) for c in all_designs(config_type))

@@ -11,12 +11,11 @@ over its own x run and no padding offset has to be shifted through registers at 
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import AxisConfig, causal, stride_one
+from dwgen.families import AxisConfig, causal, some_design_fits, stride_one
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_bwd_lane.cu.j2"
@@ -137,12 +136,9 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
 )
 
 
-_ALL = tuple(Config(*v) for v in itertools.product(*AXES.values()))
-
-
 def applies(p: Problem) -> bool:
     """Whether any of the family's designs fits p (a family with none would only cost the tune its asks)."""
-    return p.layout == "bcl" and p.causal and any(all(r(p, c) for r in RESTRICTIONS) for c in _ALL)
+    return p.layout == "bcl" and p.causal and some_design_fits(p, Config, RESTRICTIONS)
 
 
 def name_tokens(c: Config) -> list[str]:

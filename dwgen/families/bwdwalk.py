@@ -11,11 +11,10 @@ read twice. Causal only (P = H, Lout = L), as for the lane family.
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dwgen.families import AxisConfig, causal, stride_one
+from dwgen.families import AxisConfig, causal, some_design_fits, stride_one
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_bwd_walk.cu.j2"
@@ -153,12 +152,9 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
 )
 
 
-_ALL = tuple(Config(*v) for v in itertools.product(*AXES.values()))
-
-
 def applies(p: Problem) -> bool:
     """Whether any of the family's designs fits p (a family with none would only cost the tune its asks)."""
-    return p.layout == "blc" and p.causal and any(all(r(p, c) for r in RESTRICTIONS) for c in _ALL)
+    return p.layout == "blc" and p.causal and some_design_fits(p, Config, RESTRICTIONS)
 
 
 def name_tokens(c: Config) -> list[str]:

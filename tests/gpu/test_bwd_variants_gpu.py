@@ -44,6 +44,18 @@ def _evaluated(worker, vs, builds) -> list[Result]:
             for v, b in zip(vs, builds, strict=True)]
 
 
+def _all_pass(p, vs, tmp_path) -> None:
+    """Each variant built and put through the worker's check on p (and its edge problems), none failing and no
+    worker restarted."""
+    worker = BwdGpuWorker(p)
+    try:
+        results = _evaluated(worker, vs, _built(vs, tmp_path))
+        assert not [r.summary() for r in results if not r.ok]
+    finally:
+        worker.close()
+    assert worker.restarts == 0
+
+
 @pytest.mark.parametrize("p", PROBLEMS, ids=lambda p: p.key)
 def test_sampled_backward_variants_pass_the_workers_check(p, tmp_path):
     space = enumerate_space(p, "bwd")
@@ -76,54 +88,28 @@ def test_sampled_split_backward_variants_pass_the_workers_check(p, tmp_path):
     space = [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdtc"]
     vs = [v for kind in ("fma", "mma") for v in random.Random(1).sample(
         [v for v in space if v.config.wgrad == kind], 2)]  # both weight-gradient kernels
-    worker = BwdGpuWorker(p)
-    try:
-        results = _evaluated(worker, vs, _built(vs, tmp_path))
-        assert not [r.summary() for r in results if not r.ok]
-    finally:
-        worker.close()
-    assert worker.restarts == 0
+    _all_pass(p, vs, tmp_path)
 
 
-# The lane backward (causal rows of whole vectors, halos by warp shuffles): Mamba's conv with SiLU, a dilated
-# fp32 one with bias, fp16 rows of several chunks; each variant also on its family's edge problems.
-LANE_PROBLEMS = [Problem(4, 32, 2048, 4, 1, 3, dtype="bf16", padding_right=0, activation="silu"),
-                 Problem(3, 16, 1000, 3, 1, 4, 2, bias=True, padding_right=0),
-                 Problem(2, 24, 4104, 4, 1, 3, dtype="fp16", bias=True, padding_right=0, activation="silu")]
+# The causal families, each on three problems: the lane backward over (B, C, L) (rows of whole vectors, halos
+# by warp shuffles) and the walking backward over (B, L, C) (channels in whole vectors): Mamba's conv with
+# SiLU, a dilated fp32 one with bias, fp16 rows of several chunks or blocks; each variant also on its family's
+# edge problems.
+CAUSAL_CASES = [("dw1d_bwdlane", 2, p) for p in (
+    Problem(4, 32, 2048, 4, 1, 3, dtype="bf16", padding_right=0, activation="silu"),
+    Problem(3, 16, 1000, 3, 1, 4, 2, bias=True, padding_right=0),
+    Problem(2, 24, 4104, 4, 1, 3, dtype="fp16", bias=True, padding_right=0, activation="silu"))] + [
+    ("dw1d_bwdwalk", 3, p) for p in (
+        Problem(4, 256, 2048, 4, 1, 3, dtype="bf16", layout="blc", padding_right=0, activation="silu"),
+        Problem(3, 96, 1000, 3, 1, 4, 2, bias=True, layout="blc", padding_right=0),
+        Problem(2, 128, 4100, 4, 1, 3, dtype="fp16", bias=True, layout="blc", padding_right=0, activation="silu"))]
 
 
-@pytest.mark.parametrize("p", LANE_PROBLEMS, ids=lambda p: p.key)
-def test_sampled_lane_backward_variants_pass_the_workers_check(p, tmp_path):
-    space = [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdlane"]
-    vs = random.Random(2).sample(space, min(4, len(space)))
-    worker = BwdGpuWorker(p)
-    try:
-        results = _evaluated(worker, vs, _built(vs, tmp_path))
-        assert not [r.summary() for r in results if not r.ok]
-    finally:
-        worker.close()
-    assert worker.restarts == 0
-
-
-# The walking backward over (B, L, C) (causal, channels in whole vectors): Mamba's conv with SiLU, fp32
-# dilated with bias, fp16 with rows of several blocks.
-WALK_PROBLEMS = [Problem(4, 256, 2048, 4, 1, 3, dtype="bf16", layout="blc", padding_right=0, activation="silu"),
-                 Problem(3, 96, 1000, 3, 1, 4, 2, bias=True, layout="blc", padding_right=0),
-                 Problem(2, 128, 4100, 4, 1, 3, dtype="fp16", bias=True, layout="blc", padding_right=0,
-                         activation="silu")]
-
-
-@pytest.mark.parametrize("p", WALK_PROBLEMS, ids=lambda p: p.key)
-def test_sampled_walk_backward_variants_pass_the_workers_check(p, tmp_path):
-    space = [v for v in enumerate_space(p, "bwd") if v.family.name == "dw1d_bwdwalk"]
-    vs = random.Random(3).sample(space, min(4, len(space)))
-    worker = BwdGpuWorker(p)
-    try:
-        results = _evaluated(worker, vs, _built(vs, tmp_path))
-        assert not [r.summary() for r in results if not r.ok]
-    finally:
-        worker.close()
-    assert worker.restarts == 0
+@pytest.mark.parametrize("family,seed,p", CAUSAL_CASES, ids=[f"{f}-{p.key}" for f, _, p in CAUSAL_CASES])
+def test_sampled_causal_backward_variants_pass_the_workers_check(family, seed, p, tmp_path):
+    space = [v for v in enumerate_space(p, "bwd") if v.family.name == family]
+    vs = random.Random(seed).sample(space, min(4, len(space)))
+    _all_pass(p, vs, tmp_path)
 
 
 def test_a_forward_library_is_no_backward_kernel(tmp_path):
