@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, bwdwalk, tc
+from dwgen.families import all_designs, bcl, blc, bwd, bwdlane, bwdtc, bwdwalk, tc
 from dwgen.problem import ACTIVATIONS, Problem, ProblemError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -306,10 +306,8 @@ def violations(p: Problem, c, direction: str = "fwd") -> list[str]:
     return [r.__name__ for r in family_of_config(p, c, direction).restrictions if not r(p, c)]
 
 
-def all_configs(family: Family):
-    names = list(family.axes)
-    for values in itertools.product(*(family.axes[n] for n in names)):
-        yield family.config_type(**dict(zip(names, values, strict=True)))
+def all_configs(family: Family) -> tuple:
+    return all_designs(family.config_type)
 
 
 def enumerate_space(p: Problem, direction: str = "fwd") -> list[Variant]:

@@ -236,12 +236,5 @@ V __shfl_down_sync(unsigned, const V v, const unsigned d) {
 
 template <class V>
 V __shfl_xor_sync(unsigned, const V v, const int mask) {
-    static_assert(sizeof(V) == 4, "32-bit lanes");
-    const unsigned t = threadIdx.x, w = t / 32;
-    std::memcpy(&emu::exchange[t], &v, 4);
-    emu::warp_barriers[w].wait();
-    V r;
-    std::memcpy(&r, &emu::exchange[w * 32 + ((t % 32) ^ static_cast<unsigned>(mask))], 4);
-    emu::warp_barriers[w].wait();
-    return r;
+    return shfl_from(v, [mask](int l) { return l ^ mask; });
 }

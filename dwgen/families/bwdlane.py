@@ -81,8 +81,6 @@ def bcl_only(p: Problem, c: Config) -> bool:
     return p.layout == "bcl"
 
 
-
-
 def rows_whole_vectors(p: Problem, c: Config) -> bool:
     """Every row starts on a 16-byte boundary (x, grad_out and grad_x from 16-byte aligned pointers)."""
     return p.length % Tiling(p, c).vec == 0

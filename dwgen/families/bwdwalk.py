@@ -86,8 +86,6 @@ def blc_only(p: Problem, c: Config) -> bool:
     return p.layout == "blc"
 
 
-
-
 def vector_of_4_to_16_bytes(p: Problem, c: Config) -> bool:
     return c.vec * p.elem_bytes in (4, 8, 16)
 
