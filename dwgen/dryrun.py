@@ -14,10 +14,10 @@ from dwgen.space import all_configs, direction_key, enumerate_space, families_of
 # What a user can change when one restriction rules out every config; the others name themselves.
 _HINTS = {
     "window_fits_registers": lambda p: (f"the dilated kernel spans (K-1)*dilation+1 = "
-                                        f"{(p.kernel_size - 1) * p.dilation + 1} inputs and a thread holds at most "
+                                        f"{p.halo + 1} inputs and a thread holds at most "
                                         f"{bcl.MAX_WINDOW_FLOATS}: lower --kernel-size or --dilation"),
     "fits_registers": lambda p: (f"a (B, L, C) thread holds its K weights and a window of "
-                                 f"{(p.kernel_size - 1) * p.dilation + 1}+ inputs per channel, more than "
+                                 f"{p.halo + 1}+ inputs per channel, more than "
                                  f"{blc.MAX_REGISTER_FLOATS} registers: lower --kernel-size or --dilation"),
     "channels_whole_vectors": lambda p: f"{p.channels} channels are not a multiple of any vector width but 1",
 }

@@ -106,6 +106,11 @@ class Problem:
                                self.padding_right)
 
     @property
+    def halo(self) -> int:
+        """How far a filter reaches past its first tap: (K - 1) * dilation inputs."""
+        return causal_padding(self.kernel_size, self.dilation)
+
+    @property
     def symmetric(self) -> bool:
         """The same padding on both sides (what F.conv1d's int padding means)."""
         return self.padding == self.padding_right
@@ -114,7 +119,7 @@ class Problem:
     def causal(self) -> bool:
         """dilation*(K-1) on the left, nothing on the right: output length L, each output sees no later input.
         (K = 1 pads nothing either way, which is symmetric too.)"""
-        return self.padding == causal_padding(self.kernel_size, self.dilation) and self.padding_right == 0
+        return self.padding == self.halo and self.padding_right == 0
 
     @property
     def paddings(self) -> tuple[int, int]:

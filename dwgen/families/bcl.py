@@ -72,7 +72,7 @@ class Tiling:
     def window_vectors(self, offset: int) -> int:
         """Vectors in one group's input window when its first input sits `offset` elements into a vector."""
         p, c = self.problem, self.config
-        return (offset + (c.run * c.vec - 1) * p.stride + (p.kernel_size - 1) * p.dilation) // c.vec + 1
+        return (offset + (c.run * c.vec - 1) * p.stride + p.halo) // c.vec + 1
 
     @property
     def max_window_vectors(self) -> int:
@@ -84,7 +84,7 @@ class Tiling:
         if self.config.halo not in ("smem", "async"):
             return 0
         p, v = self.problem, self.config.vec
-        return ((self.tile_outputs - 1) * p.stride + (v - 1) + (p.kernel_size - 1) * p.dilation) // v + 1
+        return ((self.tile_outputs - 1) * p.stride + (v - 1) + p.halo) // v + 1
 
     @property
     def smem_bytes(self) -> int:

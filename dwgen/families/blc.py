@@ -55,7 +55,7 @@ class Tiling:
     def window(self) -> int:
         """Inputs along the length that one thread's outputs read."""
         p, c = self.problem, self.config
-        return (c.outs - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
+        return (c.outs - 1) * p.stride + p.halo + 1
 
     @property
     def keep(self) -> int:

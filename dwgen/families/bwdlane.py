@@ -57,7 +57,7 @@ class Tiling:
 
     @property
     def halo(self) -> int:
-        return (self.problem.kernel_size - 1) * self.problem.dilation
+        return self.problem.halo
 
     @property
     def chunk(self) -> int:

@@ -70,7 +70,7 @@ class Config(AxisConfig):
 def mirrored(p: Problem) -> Problem:
     """The forward problem grad_x is: grad_out (length Lout) as input, L outputs, the taps reversed (their
     values are run-time), left padding H - P and right padding H - P_right, no bias, no activation."""
-    h = (p.kernel_size - 1) * p.dilation
+    h = p.halo
     return replace(p, length=p.out_length, padding=h - p.padding, padding_right=h - p.padding_right, bias=False,
                    activation="none")
 
@@ -89,7 +89,7 @@ class Tiling:
 
     @property
     def halo(self) -> int:
-        return (self.problem.kernel_size - 1) * self.problem.dilation
+        return self.problem.halo
 
     @property
     def tile_length(self) -> int:
@@ -167,7 +167,7 @@ def long_filter(p: Problem, c: Config) -> bool:
 
 def padding_within_halo(p: Problem, c: Config) -> bool:
     """grad_x's paddings H - P and H - P_right must not be negative."""
-    h = (p.kernel_size - 1) * p.dilation
+    h = p.halo
     return p.padding <= h and p.padding_right <= h
 
 

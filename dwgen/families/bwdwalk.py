@@ -49,7 +49,7 @@ class Tiling:
 
     @property
     def halo(self) -> int:
-        return (self.problem.kernel_size - 1) * self.problem.dilation
+        return self.problem.halo
 
     @property
     def rows(self) -> int:

@@ -49,7 +49,7 @@ class Config(AxisConfig):
 
 def chunks(p: Problem, shift: int) -> int:
     """16-wide chunks of t that 16 outputs need when their inputs start `shift` elements past the origin."""
-    return -(-(16 + shift + (p.kernel_size - 1) * p.dilation) // 16)
+    return -(-(16 + shift + p.halo) // 16)
 
 
 @dataclass(frozen=True)
