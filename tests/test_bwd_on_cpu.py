@@ -179,6 +179,12 @@ CASES = [
     (Problem(2, 2, 1040, 3, 1, 2, 1, "bf16", padding_right=0), bwdlane.Config(threads=64, outs=8, rows=2)),
     (Problem(2, 2, 776, 8, 1, 7, 1, "bf16", padding_right=0), bwdlane.Config(threads=128, outs=8)),
     (Problem(2, 2, 512, 1, 1, 0, 1, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8)),
+    # two runs a thread a block's width apart: Mamba's row as one chunk, chunks walked with the carry between
+    # them (and fetched ahead), fp32 dilated over two rows a block
+    (Problem(3, 3, 2048, 4, 1, 3, 1, "bf16", padding_right=0), bwdlane.Config(threads=128, outs=8, halves=2)),
+    (Problem(2, 3, 1000, 4, 1, 3, 1, "fp16", padding_right=0),
+     bwdlane.Config(threads=64, outs=8, rows=2, ahead=True, halves=2)),
+    (Problem(3, 2, 1000, 3, 1, 4, 2, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8, rows=2, halves=2)),
     # the walking family over (B, L, C) (causal): Mamba's design, 4- 8- and 16-byte vectors, fp32 dilated,
     # rows of several blocks and walks cut short by the row's end; channel tiles past C come from the edges
     (Problem(2, 64, 300, 4, 1, 3, 1, "bf16", layout="blc", padding_right=0),
@@ -189,6 +195,11 @@ CASES = [
      bwdwalk.Config(threads=128, ct=16, vec=2, seg=64, unroll=8)),
     (Problem(2, 72, 200, 2, 1, 1, 1, "bf16", layout="blc", padding_right=0),
      bwdwalk.Config(threads=128, ct=16, vec=8, seg=32, unroll=4)),
+    # the walk's loads through a cp.async ring of 3 and 6 batches (walks shorter than the ring, the row's end)
+    (Problem(2, 64, 300, 4, 1, 3, 1, "bf16", layout="blc", padding_right=0),
+     bwdwalk.Config(threads=128, ct=16, vec=4, seg=32, unroll=4, stages=6)),
+    (Problem(1, 40, 500, 3, 1, 4, 2, "fp32", layout="blc", padding_right=0),
+     bwdwalk.Config(threads=128, ct=16, vec=2, seg=64, unroll=8, stages=3)),
 ]
 
 
@@ -210,3 +221,47 @@ def test_matches_float64_on_cpu(binaries, p, c):
         for act in (0, 1):
             outcome = run_on_cpu(exes[v.name], q, act, seed=q.length % 7, tmp=tmp)
             assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
+
+
+# x = 1 but an Inf at each row's last position, grad_out = 1, w = 1, causal K4, fp32: weight gradient tap k
+# sums x over [k - 3, L - 4 + k], so taps 0-2 never meet the Inf (L - 3, L - 2, L - 1) and tap 3 is Inf.
+INF_MAIN = r"""
+#include <cmath>
+int main(int argc, char** argv) {
+    const long long B = 1, C = std::atoll(argv[1]), L = std::atoll(argv[2]), K = 4, P = 3;
+    const bool blc = std::atoi(argv[3]) != 0;
+    float* x = static_cast<float*>(std::aligned_alloc(64, (4 * B * C * L + 63) / 64 * 64 + 64));
+    float* gy = static_cast<float*>(std::aligned_alloc(64, (4 * B * C * L + 63) / 64 * 64 + 64));
+    float* gx = static_cast<float*>(std::aligned_alloc(64, (4 * B * C * L + 63) / 64 * 64 + 64));
+    float w[64 * 4], gw[64 * 4], gb[64];
+    for (long long i = 0; i < B * C * L; ++i) x[i] = gy[i] = 1.0f;
+    for (long long c = 0; c < C; ++c) {
+        x[blc ? (L - 1) * C + c : c * L + L - 1] = INFINITY;
+        for (int k = 0; k < K; ++k) w[c * K + k] = 1.0f;
+    }
+    const long long ws = CAT(dwgen_workspace_, NAME)(B, C, L, L, P);
+    float* work = static_cast<float*>(std::aligned_alloc(64, (4 * ws + 63) / 64 * 64 + 64));
+    const int rc = CAT(dwgen_launch_, NAME)(gy, x, w, nullptr, gx, gw, gb, work, B, C, L, L, P, 0, nullptr);
+    if (rc != 0) return 10 + rc;
+    for (long long c = 0; c < C; ++c) {
+        std::printf("%g %g %g %g\n", gw[c * K], gw[c * K + 1], gw[c * K + 2], gw[c * K + 3]);
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("p,c", [
+    (Problem(1, 2, 516, 4, 1, 3, 1, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8)),
+    (Problem(1, 2, 1032, 4, 1, 3, 1, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=32)),
+    (Problem(1, 32, 516, 4, 1, 3, 1, "fp32", layout="blc", padding_right=0),
+     bwdwalk.Config(threads=128, ct=16, vec=2, seg=32, unroll=8)),
+], ids=["lane_o8", "lane_o32", "walk"])
+def test_an_inf_near_the_rows_end_leaves_the_taps_that_miss_it_finite(p, c, tmp_path):
+    exe = build(Variant(p, c, "bwd"), tmp_path, INF_MAIN)
+    out = subprocess.run([str(exe), str(p.channels), str(p.length), str(int(p.layout == "blc"))], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    n = p.length
+    for line in out.stdout.split("\n")[:p.channels]:
+        assert [float(t) for t in line.split()] == [n - 3, n - 2, n - 1, float("inf")], line

@@ -31,6 +31,9 @@ AXES: dict[str, tuple] = {
     # the next step's runs fetched into registers before this step's are computed (token ahead), their loads
     # in flight meanwhile, for walks of more than one step
     "ahead": (False, True),
+    # runs a thread computes at a step, a block's width of runs apart (token h<n>): each warp's loads stay
+    # one contiguous request a vector, while the step's barrier, exchange and addressing serve them all
+    "halves": (1, 2),
 }
 
 MAX_RUN_FLOATS = 112  # x and its halo, grad_out through the slope and grad_x a thread holds for its run
@@ -42,6 +45,7 @@ class Config(AxisConfig):
     outs: int = 16
     rows: int = 1
     ahead: bool = False
+    halves: int = 1
 
     AXES = AXES
 
@@ -62,14 +66,15 @@ class Tiling:
     @property
     def chunk(self) -> int:
         """Positions a block covers at a step."""
-        return self.config.threads * self.config.outs
+        return self.config.halves * self.config.threads * self.config.outs
 
     @property
     def run_registers(self) -> int:
         """x and its halo, grad_out through the slope and grad_x for the run, and (ahead) the next step's
         runs of x and grad_out as words."""
-        words = 2 * self.config.outs * self.problem.elem_bytes // 4 if self.config.ahead else 0
-        return 3 * self.config.outs + 2 * self.halo + words
+        c = self.config
+        words = 2 * c.outs * self.problem.elem_bytes // 4 if c.ahead else 0
+        return c.halves * (3 * c.outs + 2 * self.halo + words)
 
     @property
     def slots(self) -> int:
@@ -140,7 +145,8 @@ def applies(p: Problem) -> bool:
 
 
 def name_tokens(c: Config) -> list[str]:
-    return [f"t{c.threads}", f"o{c.outs}", *([f"n{c.rows}"] if c.rows != 1 else []), *(["ahead"] if c.ahead else [])]
+    return [f"t{c.threads}", f"o{c.outs}", *([f"n{c.rows}"] if c.rows != 1 else []), *(["ahead"] if c.ahead else []),
+            *([f"h{c.halves}"] if c.halves != 1 else [])]
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
@@ -149,7 +155,7 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
         if tok == "ahead" and "ahead" not in fields:
             fields["ahead"] = True
             continue
-        key = {"t": "threads", "o": "outs", "n": "rows"}.get(tok[:1])
+        key = {"t": "threads", "o": "outs", "n": "rows", "h": "halves"}.get(tok[:1])
         if key is None or not tok[1:].isdigit() or key in fields:
             raise ValueError(f"{name}: unknown token {tok!r}")
         fields[key] = int(tok[1:])
@@ -159,7 +165,7 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
 def render_context(p: Problem, c: Config) -> dict:
     return {"threads": c.threads, "outs": c.outs, "rows": c.rows, "vec": Tiling(p, c).vec,
             "kernel_size": p.kernel_size, "dilation": p.dilation, "top_half": DTYPES[p.dtype].top_half,
-            "ahead": c.ahead, "min_blocks": 0}
+            "ahead": c.ahead, "halves": c.halves}
 
 
 def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
@@ -182,10 +188,14 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 
 KNOWN_GOOD: tuple[Config, ...] = (
-    # the Mamba SiLU backward (H200, fifteenth session, 50-trial tune's interleaved re-timing): t128_o8_n4
-    # 0.1087 ms (1.68x copy), t128_o8_n2 0.1102, t256_o8_n8 0.1103, t64_o8_n2 0.1105; t64_o32 0.1134 in an
-    # earlier tune; the fused family's best 0.1378. Fetching ahead lost in every design (0.113-0.136).
+    # the Mamba SiLU backward (H200, sixteenth session, 60-trial tune's interleaved re-timing): t64_o8_n2_h2
+    # 0.1052 ms (1.60x copy), t128_o8_n4_h2 0.1063, t64_o8_n4_h2 0.1078, t128_o8_n4 0.1080 (the best one-run
+    # design); fifteenth session, one run a thread: t128_o8_n2 0.1102, t256_o8_n8 0.1103, t64_o32 0.1134;
+    # the fused family's best 0.1378. Fetching ahead lost in every design (0.113-0.136).
+    Config(threads=64, outs=8, rows=2, halves=2),
+    Config(threads=128, outs=8, rows=4, halves=2),
     Config(threads=128, outs=8, rows=4),
+    Config(threads=64, outs=8, rows=4, halves=2),
     Config(threads=128, outs=8, rows=2),
     Config(threads=256, outs=8, rows=8),
     Config(threads=64, outs=8, rows=2),

@@ -25,6 +25,9 @@ AXES: dict[str, tuple] = {
     "vec": (1, 2, 4, 8),  # channels a thread, one vector access of 4, 8 or 16 bytes
     "seg": (32, 64, 128, 256),  # positions a thread walks
     "unroll": (4, 8),  # positions whose loads are issued together
+    # 0: a batch's loads land in registers; 3-6: a ring of that many batches in shared memory filled by
+    # cp.async, all but one in flight while one is computed, without registers to hold them (token a<n>)
+    "stages": (0, 3, 4, 6),
 }
 
 STATIC_SMEM_BYTES = 48 * 1024
@@ -38,6 +41,7 @@ class Config(AxisConfig):
     vec: int = 2
     seg: int = 64
     unroll: int = 8
+    stages: int = 0
 
     AXES = AXES
 
@@ -63,7 +67,10 @@ class Tiling:
 
     @property
     def smem_bytes(self) -> int:
-        return 4 * self.rows * (self.problem.kernel_size + 1) * self.config.ct * self.config.vec
+        """The weight sums' rows, or the ring where larger (the one buffer serves both)."""
+        c = self.config
+        red = 4 * self.rows * (self.problem.kernel_size + 1) * c.ct * c.vec
+        return max(red, c.stages * c.unroll * 2 * c.threads * c.vec * self.problem.elem_bytes)
 
     @property
     def state_floats(self) -> int:
@@ -74,7 +81,7 @@ class Tiling:
     @property
     def load_words(self) -> int:
         """The batch's vectors of x and grad_out, in flight together."""
-        return 2 * self.config.unroll * self.config.vec * self.problem.elem_bytes // 4
+        return 2 * self.config.unroll * self.config.vec * self.problem.elem_bytes // 4 if not self.config.stages else 0
 
     @property
     def slots(self) -> int:
@@ -156,11 +163,12 @@ def applies(p: Problem) -> bool:
 
 
 def name_tokens(c: Config) -> list[str]:
-    return [f"t{c.threads}", f"c{c.ct}", f"v{c.vec}", f"s{c.seg}", f"u{c.unroll}"]
+    return [f"t{c.threads}", f"c{c.ct}", f"v{c.vec}", f"s{c.seg}", f"u{c.unroll}",
+            *([f"a{c.stages}"] if c.stages else [])]
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
-    keys = {"t": "threads", "c": "ct", "v": "vec", "s": "seg", "u": "unroll"}
+    keys = {"t": "threads", "c": "ct", "v": "vec", "s": "seg", "u": "unroll", "a": "stages"}
     fields: dict = {}
     for tok in tokens:
         key = keys.get(tok[:1])
@@ -172,7 +180,7 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
 
 def render_context(p: Problem, c: Config) -> dict:
     return {"threads": c.threads, "channel_threads": c.ct, "vec": c.vec, "seg": c.seg, "unroll": c.unroll,
-            "kernel_size": p.kernel_size, "dilation": p.dilation}
+            "stages": c.stages, "kernel_size": p.kernel_size, "dilation": p.dilation}
 
 
 def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
@@ -195,14 +203,16 @@ def channel_multiple(p: Problem, c: Config) -> int:
 
 
 KNOWN_GOOD: tuple[Config, ...] = (
-    # the Mamba SiLU (B, L, C) backward (H200, fifteenth session's tunes, interleaved re-timings):
-    # t256_c64_v4_s256_u8 0.1245 ms (frozen; 1.93x copy in the bench), t256_c32_v4_s256_u8 0.1231,
-    # t512_c64_v4_s256_u8 0.1242, the s128 walks 0.1285-0.1298; the fused family's best 0.1378
+    # the Mamba SiLU (B, L, C) backward with the cp.async ring (H200, sixteenth session, 60-trial tune's
+    # interleaved re-timing): t256_c64_v4_s256_u4_a3 0.1139 ms (1.72x copy), t128_c64_v4_s256_u4_a3 0.1149,
+    # t256_c32_v4_s256_u4_a3 0.1151; fifteenth session: t128_c32_v4_s256_u4_a6 0.1200, the register walk
+    # t256_c64_v4_s256_u8 0.1245
+    Config(threads=256, ct=64, vec=4, seg=256, unroll=4, stages=3),
+    Config(threads=256, ct=32, vec=4, seg=256, unroll=4, stages=3),
+    Config(threads=128, ct=32, vec=4, seg=256, unroll=4, stages=6),
+    Config(threads=128, ct=16, vec=4, seg=256, unroll=4, stages=3),
     Config(threads=256, ct=64, vec=4, seg=256, unroll=8),
     Config(threads=256, ct=32, vec=4, seg=256, unroll=8),
-    Config(threads=512, ct=64, vec=4, seg=256, unroll=8),
-    Config(threads=256, ct=32, vec=4, seg=128, unroll=8),
-    Config(threads=256, ct=32, vec=2, seg=64, unroll=8),
 )
 
 
