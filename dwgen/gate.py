@@ -78,7 +78,7 @@ def _gate_backward(ext, index: int, k: dict, base: Problem) -> str | None:
     def run(q, x, w, b, gy, gx, gw, gb):
         ext.launch_backward(index, gy, x, w.contiguous(), b, gx, gw, gb, q.padding, q.activation_arg)
 
-    served = variant.family.activations  # the split backward takes no SiLU
+    served = variant.family.activations(base)  # the split backward takes no SiLU, nor a centred lane
     for q in [base, *variant.edge_problems()]:
         # the base problem with both activations; each edge problem with one of them, by its length
         for activation in (served if q == base else (served[q.length % len(served)],)):

@@ -57,11 +57,10 @@ class Family:
         """Whether any variant of this family can serve p (a module may say so cheaply; else assume it can)."""
         return getattr(self.module, "applies", lambda _: True)(p)
 
-    @property
-    def activations(self) -> tuple[str, ...]:
-        """The activations its launch takes at run time (every one unless the module says fewer): what the
+    def activations(self, p: Problem) -> tuple[str, ...]:
+        """The activations its launch takes at run time for p (every one unless the module says fewer): what the
         checks run it with besides its problem's own."""
-        return getattr(self.module, "ACTIVATIONS", ACTIVATIONS)
+        return getattr(self.module, "activations", lambda _: ACTIVATIONS)(p)
 
 
 # Each (direction, layout) has one or more families; the first is its primary one: the generic fast path

@@ -241,7 +241,7 @@ class _BwdBench(_BenchBase):
         def run(q, x, w, b, gy, gx, gw, gb):
             launcher.prepare(q, gy, x, w, b, gx, gw, gb)()
 
-        served = launcher.variant.family.activations
+        served = launcher.variant.family.activations(launcher.variant.problem)
         for q in [self.problem, *launcher.variant.edge_problems()]:
             yield check.check_backward(q, run, seeds=self.SEEDS)
             if other_activation(q) in served:
