@@ -14,7 +14,7 @@ import pytest
 from dwgen.check import backward_reference, compare, grad_output, make_inputs
 from dwgen.families import bwdlane, bwdwalk
 from dwgen.families.bwd import Config
-from dwgen.problem import Problem
+from dwgen.problem import ACTIVATIONS, Problem
 from dwgen.space import Variant, violations
 from tests.cuda_on_cpu import MAIN_OPEN, build, raw
 
@@ -185,6 +185,14 @@ CASES = [
     (Problem(2, 3, 1000, 4, 1, 3, 1, "fp16", padding_right=0),
      bwdlane.Config(threads=64, outs=8, rows=2, ahead=True, halves=2)),
     (Problem(3, 2, 1000, 3, 1, 4, 2, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8, rows=2, halves=2)),
+    # the lane family centred (P = H // 2, the rest on the right, no activation): K3 P1 in bf16 over two rows a
+    # block, K7 P3 with two runs a thread, fp32 dilated (H 4, P 2), an even filter (K4: 1 left, 2 right), fp16 K9
+    # P4 (halos of 4 elements both ways, the run's whole width of 8), each walked in chunks
+    (Problem(2, 3, 2048, 3, 1, 1, 1, "bf16"), bwdlane.Config(threads=64, outs=8, rows=2)),
+    (Problem(3, 2, 1040, 7, 1, 3, 1, "bf16"), bwdlane.Config(threads=64, outs=8, rows=2, halves=2)),
+    (Problem(2, 3, 1000, 3, 1, 2, 2, "fp32"), bwdlane.Config(threads=64, outs=8, ahead=True)),
+    (Problem(2, 2, 1000, 4, 1, 1, 1, "fp32", padding_right=2), bwdlane.Config(threads=64, outs=8)),
+    (Problem(2, 2, 1056, 9, 1, 4, 1, "fp16"), bwdlane.Config(threads=64, outs=8, rows=2)),
     # the walking family over (B, L, C) (causal): Mamba's design, 4- 8- and 16-byte vectors, fp32 dilated,
     # rows of several blocks and walks cut short by the row's end; channel tiles past C come from the edges
     (Problem(2, 64, 300, 4, 1, 3, 1, "bf16", layout="blc", padding_right=0),
@@ -218,7 +226,7 @@ def test_matches_float64_on_cpu(binaries, p, c):
     assert not violations(p, c, "bwd")
     problems = [p, replace(p, bias=True)] + [q for q in v.edge_problems() if q.length <= 5000]
     for q in problems:
-        for act in (0, 1):
+        for act in (ACTIVATIONS.index(a) for a in v.family.activations(q)):
             outcome = run_on_cpu(exes[v.name], q, act, seed=q.length % 7, tmp=tmp)
             assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
 

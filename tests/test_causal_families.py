@@ -1,12 +1,12 @@
-"""The causal backward families (dwgen/families/bwdlane.py over (B, C, L), bwdwalk.py over (B, L, C)): where they
-join a tune, what their restrictions keep out, and their names."""
+"""The causal backward families (dwgen/families/bwdlane.py over (B, C, L), also for centred padding; bwdwalk.py
+over (B, L, C)): where they join a tune, what their restrictions keep out, and their names."""
 from __future__ import annotations
 
 import pytest
 
 from dwgen.families import bwdlane, bwdwalk
 from dwgen.problem import Problem
-from dwgen.space import Variant, config_from_name, enumerate_space, families_of, violations
+from dwgen.space import Variant, config_from_name, enumerate_space, families_of, family_of_config, violations
 
 MAMBA_BCL = Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16", padding_right=0, activation="silu")
 MAMBA_BLC = Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16", layout="blc", padding_right=0, activation="silu")
@@ -22,6 +22,20 @@ def test_each_causal_layout_gets_its_family_and_symmetric_padding_does_not():
     symmetric = Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16")  # P = 3 on both sides: Lout = L + 3
     assert _names(symmetric) == ["dw1d_bwd"]
     assert _names(Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16", layout="blc")) == ["dw1d_bwd"]
+
+
+def test_the_lane_family_takes_centred_padding_without_an_activation():
+    # odd K with symmetric padding (H // 2 both sides), even K with PyTorch's "same" split (1 left, 2 right)
+    centred = [Problem(16, 1024, 4096, 7, 1, 3, 1, "bf16"), Problem(2, 8, 2048, 4, 1, 1, 1, "fp32", padding_right=2)]
+    for p in centred:
+        assert "dw1d_bwdlane" in _names(p)
+        lane = next(f for f in families_of(p, "bwd") if f.name == "dw1d_bwdlane")
+        assert lane.activations(p) == ("none",)  # the checks never ask a centred lane for SiLU
+    assert _names(Problem(16, 1024, 4096, 7, 1, 3, 1, "bf16", activation="silu")) == ["dw1d_bwd"]
+    # the other split of an even filter's halo (2 left, 1 right) is neither causal nor centred
+    assert "dw1d_bwdlane" not in _names(Problem(2, 8, 2048, 4, 1, 2, 1, "fp32", padding_right=1))
+    lane = family_of_config(MAMBA_BCL, bwdlane.Config(), "bwd")
+    assert lane.activations(MAMBA_BCL) == ("none", "silu")
 
 
 def test_a_family_with_no_design_for_the_problem_stays_out_of_the_tune():
@@ -60,11 +74,13 @@ def test_register_budgets_count_what_the_design_holds():
     assert not violations(MAMBA_BLC, bwdwalk.Config(threads=512, ct=64, vec=4, seg=256, unroll=8), "bwd")
 
 
-def test_edge_problems_stay_causal_with_rows_the_launch_takes():
+def test_edge_problems_keep_the_padding_with_rows_the_launch_takes():
+    centred = Problem(16, 1024, 4096, 7, 1, 3, 1, "bf16")
     for p, c in ((MAMBA_BCL, bwdlane.Config(threads=128, outs=8, rows=4)),
+                 (centred, bwdlane.Config(threads=64, outs=8, rows=2, halves=2)),
                  (MAMBA_BLC, bwdwalk.Config(threads=256, ct=64, vec=4, seg=256, unroll=8))):
         edges = Variant(p, c, "bwd").edge_problems()
-        assert edges and all(q.causal for q in edges)
+        assert edges and all(q.paddings == p.paddings and q.out_length == q.length for q in edges)
         if p.layout == "bcl":
             assert all(q.length % 8 == 0 for q in edges)  # whole 16-byte vectors a row
         else:

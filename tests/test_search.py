@@ -258,7 +258,7 @@ def test_progress_counts_evaluations_and_shows_the_best(tmp_path):
 
 
 # The backward: its own family's space, its own study, results that say they are backward ones.
-BWD_PROBLEM = Problem(8, 64, 4096)
+BWD_PROBLEM = Problem(8, 64, 4096, 3, 1, 2)  # padding 2: neither causal nor centred, the fused family alone
 
 
 def fake_bwd_time(v) -> float:
@@ -318,7 +318,7 @@ def test_a_backward_search_measures_the_backward_family(tmp_path, sampler):
 
 
 def test_grid_sampler_walks_the_whole_backward_space():
-    p = Problem(2, 8, 1000)
+    p = Problem(2, 8, 1002)  # rows not whole 16-byte vectors: the fused family alone
     study = st.open_study(p, None, "grid", 0, "bwd")
     ev = FakeBwdEvaluator()
     known, stats = loop.search(p, study, FakeBuilder(), ev, trials=10_000, batch=8, log=lambda s: None)

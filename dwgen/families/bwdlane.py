@@ -1,13 +1,15 @@
-"""The lane backward over (B, C, L) for causal problems at stride 1: grad_x and the weight partials with no
-shared-memory windows, each thread's halos taken from the lanes beside it by warp shuffles.
+"""The lane backward over (B, C, L) for problems of output length L at stride 1, causal or centred: grad_x and
+the weight partials with no shared-memory windows, each thread's halos taken from the lanes beside it by warp
+shuffles.
 
 Why: the fused family stages a tile of x and grad_out in shared memory and a Mamba row (2048 positions) is
 one tile, so each thread's 16-position run pays the tile's fetch, commit, realigned run loads and the block's
 set-up and reduction; Nsight Compute counted 55 warp instructions an output for the Mamba SiLU backward at
 88.6% issue-active (fourteenth session, docs/perf-notes.md). Reading the run straight into registers and
-shuffling the halos leaves about 32 (a count of the kernel's own arithmetic). Causal only (P = H, Lout = L:
-what Mamba, Hyena and other short-convolution language models run), so that every thread's grad_out run sits
-over its own x run and no padding offset has to be shifted through registers at run time.
+shuffling the halos leaves about 32 (a count of the kernel's own arithmetic). Two paddings, each compiled with
+its halo sizes fixed: causal (P = H, Lout = L: what Mamba, Hyena and other short-convolution language models
+run), with or without SiLU, and centred (P = H // 2 on the left, the rest on the right: PyTorch's "same",
+what odd filters with symmetric padding give), without an activation.
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import AxisConfig, causal, some_design_fits, stride_one
-from dwgen.problem import Problem
+from dwgen.families import AxisConfig, some_design_fits, stride_one
+from dwgen.problem import ACTIVATIONS, Problem
 
 TEMPLATE = "dw1d_bwd_lane.cu.j2"
 
@@ -86,6 +88,19 @@ def bcl_only(p: Problem, c: Config) -> bool:
     return p.layout == "bcl"
 
 
+def causal_or_centred(p: Problem, c: Config) -> bool:
+    """Output length L with the halo all on the left (causal) or split H // 2 left, the rest right (centred):
+    the two paddings the template compiles. SiLU only when causal: a centred run needs the grad_out before it
+    through the slope, and the first run of a chunk would need it from the chunk not yet walked."""
+    left, right = p.paddings
+    return left + right == p.halo and (left == p.halo or (left == p.halo // 2 and p.activation == "none"))
+
+
+def activations(p: Problem) -> tuple[str, ...]:
+    """What the launch takes at run time for p's padding: both when causal, none only when centred."""
+    return ACTIVATIONS if p.causal else ("none",)
+
+
 def rows_whole_vectors(p: Problem, c: Config) -> bool:
     """Every row starts on a 16-byte boundary (x, grad_out and grad_x from 16-byte aligned pointers)."""
     return p.length % Tiling(p, c).vec == 0
@@ -127,7 +142,7 @@ def rows_fit(p: Problem, c: Config) -> bool:
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     bcl_only,
     stride_one,
-    causal,
+    causal_or_centred,
     rows_whole_vectors,
     run_whole_vectors,
     halo_within_next_lane,
@@ -141,7 +156,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
 
 def applies(p: Problem) -> bool:
     """Whether any of the family's designs fits p (a family with none would only cost the tune its asks)."""
-    return p.layout == "bcl" and p.causal and some_design_fits(p, Config, RESTRICTIONS)
+    return p.layout == "bcl" and some_design_fits(p, Config, RESTRICTIONS)
 
 
 def name_tokens(c: Config) -> list[str]:
@@ -169,10 +184,10 @@ def render_context(p: Problem, c: Config) -> dict:
 
 
 def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
-    """Causal rows (the padding is the halo) of whole vectors: one vector, shorter than a chunk, a chunk and
-    a vector (a second chunk almost empty), chunks walked right to left, batches that are not whole walks."""
+    """Rows of whole vectors with the problem's padding: one vector, shorter than a chunk, a chunk and a vector
+    (a second chunk almost empty), chunks walked right to left, batches that are not whole walks."""
     t = Tiling(p, c)
-    v, ch, h = t.vec, t.chunk, t.halo
+    v, ch, h = t.vec, t.chunk, p.padding
     return [(1, 1, v, h, p.bias), (2, 3, 2 * v, h, not p.bias), (1, 3, ch + v, h, p.bias),
             (c.rows + 1, 2, 2 * ch - v, h, not p.bias), (3, 5, 3 * ch + 5 * v, h, p.bias),
             (2 * c.rows + 1, 7, 1000, h, p.bias)]
@@ -191,7 +206,9 @@ KNOWN_GOOD: tuple[Config, ...] = (
     # the Mamba SiLU backward (H200, sixteenth session, 60-trial tune's interleaved re-timing): t64_o8_n2_h2
     # 0.1052 ms (1.60x copy), t128_o8_n4_h2 0.1063, t64_o8_n4_h2 0.1078, t128_o8_n4 0.1080 (the best one-run
     # design); fifteenth session, one run a thread: t128_o8_n2 0.1102, t256_o8_n8 0.1103, t64_o32 0.1134;
-    # the fused family's best 0.1378. Fetching ahead lost in every design (0.113-0.136).
+    # the fused family's best 0.1378. Fetching ahead lost in every design (0.113-0.136). Centred (sixteenth
+    # session, 36-trial tunes): bf16 K7 P3 t128_o8_n2 0.1129 ms (fused 0.1249), bf16 K3 P1 t256_o8_ahead_h2
+    # 0.1935 (fused 0.1969), fp32 K7 P3 t128_o8_n2_ahead 0.1959 (fused 0.1964).
     Config(threads=64, outs=8, rows=2, halves=2),
     Config(threads=128, outs=8, rows=4, halves=2),
     Config(threads=128, outs=8, rows=4),
@@ -201,6 +218,7 @@ KNOWN_GOOD: tuple[Config, ...] = (
     Config(threads=64, outs=8, rows=2),
     Config(threads=64, outs=32, rows=1),
     Config(threads=128, outs=16, rows=2),
+    Config(threads=256, outs=8, ahead=True, halves=2),
 )
 
 
