@@ -354,18 +354,21 @@ def test_16_bit_gradient_error_at_most_twice_pytorchs(generated, c):
         assert e_ours <= 2 * e_theirs, (name, e_ours, e_theirs)
 
 
-# The suite's two Mamba problems, whose backwards are frozen from the causal families (the lane and the walk
-# kernels want grad_out 16-byte aligned in x's memory order): grad_out as the forward's output is laid out,
-# one element past a 16-byte boundary, and in the other memory order. Each must come back right (the latter
-# two hand over to another kernel), never refused or approximated.
-MAMBA_CALLS = [Call(8, 4096, 2048, 4, padding="causal", dtype="bf16", activation="silu", bias=False),
-               Call(8, 4096, 2048, 4, padding="causal", dtype="bf16", layout="blc", activation="silu", bias=False)]
+# The suite's problems whose backwards are frozen from the lane and walk families (which want grad_out 16-byte
+# aligned in x's memory order): the two Mamba problems (causal) and bf16 K7 (centred padding): grad_out as the
+# forward's output is laid out, one element past a 16-byte boundary, and in the other memory order. Each must
+# come back right (the latter two hand over to another kernel), never refused or approximated.
+SHUFFLE_CALLS = [Call(8, 4096, 2048, 4, padding="causal", dtype="bf16", activation="silu", bias=False),
+                 Call(8, 4096, 2048, 4, padding="causal", dtype="bf16", layout="blc", activation="silu", bias=False),
+                 Call(16, 1024, 4096, 7, padding=3, dtype="bf16", bias=False)]
 
 
 @pytest.mark.parametrize("gy_kind", ["as_y", "misaligned", "other_order"])
-@pytest.mark.parametrize("c", MAMBA_CALLS, ids=str)
-def test_tuned_causal_backwards_take_any_grad_out(generated, c, gy_kind):
+@pytest.mark.parametrize("c", SHUFFLE_CALLS, ids=str)
+def test_tuned_shuffle_backwards_take_any_grad_out(generated, c, gy_kind):
     x, w, b, gy = inputs(c, seed=12)
+    frozen = generated.kernel_for(x, w, b, c.stride, c.padding, c.dilation, direction="bwd", activation=c.activation)
+    assert frozen.startswith(("dw1d_bwdlane_", "dw1d_bwdwalk_")), frozen  # the kernels this test is about
     if gy_kind == "misaligned":
         gy = misaligned(gy)
     elif gy_kind == "other_order":
