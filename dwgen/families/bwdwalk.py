@@ -7,7 +7,7 @@ with SiLU the Mamba `(B, L, C)` backward read 2.10x copy against 1.68x for the `
 (fifteenth session). Over `(B, L, C)` a thread's own positions follow each other, so walking them keeps the
 last H + 1 inputs in registers: x and grad_out are read once each from memory, a warp's vector loads side by
 side across the channels (one contiguous request a position), and only the first H positions of a walk are
-read twice. Causal only (P = H, Lout = L), as for the lane family.
+read twice. Causal only (P = H, Lout = L): the lane family also takes centred padding, the walk not yet.
 """
 from __future__ import annotations
 
