@@ -62,17 +62,19 @@ def test_dry_run_compiles_the_backward_space(tmp_path):
     from dwgen.problem import Problem
     from dwgen.space import enumerate_space
 
-    out = run("--shape", "4x64x1000", "--direction", "bwd", "--dry-run", "--json", "--runs-dir", str(tmp_path))
+    # padding 2 (Lout = L + 2: neither causal nor centred), so that the fused family is the whole space
+    out = run("--shape", "4x64x1000", "--padding", "2", "--direction", "bwd", "--dry-run", "--json", "--runs-dir",
+              str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     rows = json.loads(out.stdout)
     # the fused backward's whole space for this problem: tiles of at most 1000 positions, one channel a block,
     # staged as floats or as stored, a block walking 1, 2, 4 or 8 tiles where a channel's rows hold them; the
     # raw stage's 128-thread designs again with a ceiling of 56 registers (none of them spills at this size)
-    assert [r["variant"] for r in rows] == [v.name for v in enumerate_space(Problem(4, 64, 1000), "bwd")]
+    assert [r["variant"] for r in rows] == [v.name for v in enumerate_space(Problem(4, 64, 1000, 3, 1, 2), "bwd")]
     assert [r["variant"] for r in rows][:3] == [
         "dw1d_bwd_f32_k3_t128_o2", "dw1d_bwd_f32_k3_t128_o2_b2", "dw1d_bwd_f32_k3_t128_o2_b4"]
     assert all(r["status"] == "ok" and r["spill_bytes"] == 0 for r in rows)
-    assert "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias_bwd: 32 valid variants" in out.stderr
+    assert "4x64x1000_k3_s1_p2_d1_fp32_bcl_nobias_bwd: 32 valid variants" in out.stderr
 
 
 def test_a_suite_skips_its_strided_problems_backward_with_a_note(tmp_path, capsys):
