@@ -187,10 +187,10 @@ def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
     """Rows of whole vectors with the problem's padding: one vector, shorter than a chunk, a chunk and a vector
     (a second chunk almost empty), chunks walked right to left, batches that are not whole walks."""
     t = Tiling(p, c)
-    v, ch, h = t.vec, t.chunk, p.padding
-    return [(1, 1, v, h, p.bias), (2, 3, 2 * v, h, not p.bias), (1, 3, ch + v, h, p.bias),
-            (c.rows + 1, 2, 2 * ch - v, h, not p.bias), (3, 5, 3 * ch + 5 * v, h, p.bias),
-            (2 * c.rows + 1, 7, 1000, h, p.bias)]
+    v, ch, pad = t.vec, t.chunk, p.padding
+    return [(1, 1, v, pad, p.bias), (2, 3, 2 * v, pad, not p.bias), (1, 3, ch + v, pad, p.bias),
+            (c.rows + 1, 2, 2 * ch - v, pad, not p.bias), (3, 5, 3 * ch + 5 * v, pad, p.bias),
+            (2 * c.rows + 1, 7, 1000, pad, p.bias)]
 
 
 def align_bytes(p: Problem, c: Config) -> int:
