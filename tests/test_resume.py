@@ -159,7 +159,10 @@ def test_kill_9_mid_search_then_resume(tmp_path, stage):
     assert running(study)  # what kill -9 leaves
     ev = FakeEvaluator()
     loop.search(PROBLEM, study, FakeBuilder(), ev, trials=6, batch=4, log=lambda s: None)
-    assert not running(study)
+    # Every trial the killed tuner had claimed is closed. One it had asked but not yet claimed (a kill between
+    # ask and claim: a rare window) is left for st.UNCLAIMED_GRACE_S, as a live tuner's just-asked trial would be.
+    assert all(st.OWNER_ATTR not in t.user_attrs for t in running(study))
+    assert len(running(study)) <= 1
     assert len(ev.calls) == len(set(ev.calls)) == 6 and not set(ev.calls) & before
     assert set(measured_once(study).values()) == {1}
     # The variants in flight at the kill (started, never stored) are the first ones measured on resume.
