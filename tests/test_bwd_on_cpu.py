@@ -53,7 +53,8 @@ def reference(p: Problem, x, w, b, gy, act: int):
     xd, wd, gyd = x.double().numpy(), w.double().numpy()[:, 0, :], gy.double().numpy()
     bd = b.double().numpy() if b is not None else np.zeros(p.channels)
     n, k, d, pad, lout = p.length, p.kernel_size, p.dilation, p.padding, p.out_length
-    xp = np.zeros((p.batch, p.channels, n + 2 * pad + k * d))
+    width = pad + n + p.padding_right + k * d  # x padded on both sides, and room for every tap's slice
+    xp = np.zeros((p.batch, p.channels, width))
     xp[:, :, pad:pad + n] = xd
     taps = np.stack([xp[:, :, j * d:j * d + lout] for j in range(k)], axis=-1)  # x under tap j of output o
     z = (taps * wd[None, :, None, :]).sum(-1) + bd[None, :, None]
@@ -66,7 +67,7 @@ def reference(p: Problem, x, w, b, gy, act: int):
         g, gs = gyd, np.abs(gyd)
 
     def grads(g, xs, ws):
-        gx = np.zeros((p.batch, p.channels, n + 2 * pad + k * d))
+        gx = np.zeros((p.batch, p.channels, width))
         for j in range(k):
             gx[:, :, j * d:j * d + lout] += g * ws[None, :, None, j]
         gw = np.stack([(g * xs[..., j]).sum((0, 2)) for j in range(k)], axis=-1)
@@ -203,6 +204,16 @@ CASES = [
      bwdwalk.Config(threads=128, ct=16, vec=2, seg=64, unroll=8)),
     (Problem(2, 72, 200, 2, 1, 1, 1, "bf16", layout="blc", padding_right=0),
      bwdwalk.Config(threads=128, ct=16, vec=8, seg=32, unroll=4)),
+    # the walk with right padding (Lout > L): symmetric K4 P3 over bf16 rows (ring and registers), fp32 K3 D2
+    # P4 symmetric, and right padding past the halo (grad_out positions whose products are only grad_bias's)
+    (Problem(2, 64, 300, 4, 1, 3, 1, "bf16", layout="blc"),
+     bwdwalk.Config(threads=128, ct=16, vec=4, seg=32, unroll=4, stages=3)),
+    (Problem(2, 64, 300, 4, 1, 3, 1, "bf16", layout="blc"),
+     bwdwalk.Config(threads=128, ct=16, vec=2, seg=32, unroll=8)),
+    (Problem(1, 40, 500, 3, 1, 4, 2, "fp32", layout="blc"),
+     bwdwalk.Config(threads=128, ct=16, vec=2, seg=64, unroll=8)),
+    (Problem(2, 64, 300, 4, 1, 3, 1, "bf16", layout="blc", padding_right=9),
+     bwdwalk.Config(threads=128, ct=16, vec=4, seg=32, unroll=4)),
     # the walk's loads through a cp.async ring of 3 and 6 batches (walks shorter than the ring, the row's end)
     (Problem(2, 64, 300, 4, 1, 3, 1, "bf16", layout="blc", padding_right=0),
      bwdwalk.Config(threads=128, ct=16, vec=4, seg=32, unroll=4, stages=6)),
@@ -231,25 +242,29 @@ def test_matches_float64_on_cpu(binaries, p, c):
             assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
 
 
-# x = 1 but an Inf at each row's last position, grad_out = 1, w = 1, causal K4, fp32: weight gradient tap k
-# sums x over [k - 3, L - 4 + k], so taps 0-2 never meet the Inf (L - 3, L - 2, L - 1) and tap 3 is Inf.
+# x = 1 but an Inf at each row's first or last position, grad_out = 1, w = 1, K4, fp32: weight gradient tap k
+# sums x over positions o - P + k for o in [0, Lout), so the taps whose range misses the Inf must stay finite
+# (grad_out's zeros outside the row meet the Inf in the kernels' windows, and 0 x Inf is NaN).
 INF_MAIN = r"""
 #include <cmath>
 int main(int argc, char** argv) {
-    const long long B = 1, C = std::atoll(argv[1]), L = std::atoll(argv[2]), K = 4, P = 3;
-    const bool blc = std::atoi(argv[3]) != 0;
-    float* x = static_cast<float*>(std::aligned_alloc(64, (4 * B * C * L + 63) / 64 * 64 + 64));
-    float* gy = static_cast<float*>(std::aligned_alloc(64, (4 * B * C * L + 63) / 64 * 64 + 64));
-    float* gx = static_cast<float*>(std::aligned_alloc(64, (4 * B * C * L + 63) / 64 * 64 + 64));
+    const long long B = 1, C = std::atoll(argv[1]), L = std::atoll(argv[2]), K = 4, P = std::atoll(argv[4]);
+    const long long Lout = L + P + std::atoll(argv[5]) - (K - 1);
+    const bool blc = std::atoi(argv[3]) != 0, at_end = std::atoi(argv[6]) != 0;
+    const long long n = B * C * (L > Lout ? L : Lout);
+    float* x = static_cast<float*>(std::aligned_alloc(64, (4 * n + 63) / 64 * 64 + 64));
+    float* gy = static_cast<float*>(std::aligned_alloc(64, (4 * n + 63) / 64 * 64 + 64));
+    float* gx = static_cast<float*>(std::aligned_alloc(64, (4 * n + 63) / 64 * 64 + 64));
     float w[64 * 4], gw[64 * 4], gb[64];
-    for (long long i = 0; i < B * C * L; ++i) x[i] = gy[i] = 1.0f;
+    for (long long i = 0; i < n; ++i) x[i] = gy[i] = 1.0f;
+    const long long l = at_end ? L - 1 : 0;
     for (long long c = 0; c < C; ++c) {
-        x[blc ? (L - 1) * C + c : c * L + L - 1] = INFINITY;
+        x[blc ? l * C + c : c * L + l] = INFINITY;
         for (int k = 0; k < K; ++k) w[c * K + k] = 1.0f;
     }
-    const long long ws = CAT(dwgen_workspace_, NAME)(B, C, L, L, P);
+    const long long ws = CAT(dwgen_workspace_, NAME)(B, C, L, Lout, P);
     float* work = static_cast<float*>(std::aligned_alloc(64, (4 * ws + 63) / 64 * 64 + 64));
-    const int rc = CAT(dwgen_launch_, NAME)(gy, x, w, nullptr, gx, gw, gb, work, B, C, L, L, P, 0, nullptr);
+    const int rc = CAT(dwgen_launch_, NAME)(gy, x, w, nullptr, gx, gw, gb, work, B, C, L, Lout, P, 0, nullptr);
     if (rc != 0) return 10 + rc;
     for (long long c = 0; c < C; ++c) {
         std::printf("%g %g %g %g\n", gw[c * K], gw[c * K + 1], gw[c * K + 2], gw[c * K + 3]);
@@ -259,17 +274,40 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.parametrize("p,c", [
-    (Problem(1, 2, 516, 4, 1, 3, 1, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=8)),
-    (Problem(1, 2, 1032, 4, 1, 3, 1, "fp32", padding_right=0), bwdlane.Config(threads=64, outs=32)),
-    (Problem(1, 32, 516, 4, 1, 3, 1, "fp32", layout="blc", padding_right=0),
-     bwdwalk.Config(threads=128, ct=16, vec=2, seg=32, unroll=8)),
-], ids=["lane_o8", "lane_o32", "walk"])
-def test_an_inf_near_the_rows_end_leaves_the_taps_that_miss_it_finite(p, c, tmp_path):
+def weight_grad_with_an_inf(p: Problem, at_end: bool) -> list[float]:
+    inf_at = p.length - 1 if at_end else 0
+    taps = []
+    for k in range(p.kernel_size):
+        seen = [i for i in (o - p.padding + k for o in range(p.out_length)) if 0 <= i < p.length]
+        taps.append(float("inf") if inf_at in seen else float(len(seen)))
+    return taps
+
+
+CAUSAL4 = Problem(1, 2, 516, 4, 1, 3, 1, "fp32", padding_right=0)
+CENTRED4 = Problem(1, 2, 516, 4, 1, 1, 1, "fp32", padding_right=2)
+
+
+@pytest.mark.parametrize("p,c,at_end", [
+    (CAUSAL4, bwdlane.Config(threads=64, outs=8), True),
+    (replace(CAUSAL4, length=1032), bwdlane.Config(threads=64, outs=32), True),
+    (CENTRED4, bwdlane.Config(threads=64, outs=8), False),
+    (CENTRED4, bwdlane.Config(threads=64, outs=8), True),
+    (replace(CAUSAL4, channels=32, layout="blc"), bwdwalk.Config(threads=128, ct=16, vec=2, seg=32, unroll=8), True),
+    # the fused family: causal at the row's end, symmetric (Lout = L - 1) at its start, a walk of tiles,
+    # (B, L, C)
+    (CAUSAL4, Config(threads=128, outs=4), True),
+    (replace(CAUSAL4, padding_right=1, padding=1), Config(threads=128, outs=4), False),
+    (replace(CAUSAL4, length=2051), Config(threads=128, outs=4, tiles=2), True),
+    (replace(CAUSAL4, channels=32, layout="blc"), Config(threads=128, outs=8, tc=32), True),
+], ids=["lane_o8", "lane_o32", "lane_centred_start", "lane_centred_end", "walk", "fused", "fused_start",
+        "fused_tiles", "fused_blc"])
+def test_an_inf_near_a_rows_end_leaves_the_taps_that_miss_it_finite(p, c, at_end, tmp_path):
+    assert not violations(p, c, "bwd")
     exe = build(Variant(p, c, "bwd"), tmp_path, INF_MAIN)
-    out = subprocess.run([str(exe), str(p.channels), str(p.length), str(int(p.layout == "blc"))], capture_output=True,
-                         text=True, timeout=600)
+    args = (p.channels, p.length, int(p.layout == "blc"), p.padding, p.padding_right, int(at_end))
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    n = p.length
+    want = weight_grad_with_an_inf(p, at_end)
+    assert any(t != float("inf") for t in want) and any(t == float("inf") for t in want)
     for line in out.stdout.split("\n")[:p.channels]:
-        assert [float(t) for t in line.split()] == [n - 3, n - 2, n - 1, float("inf")], line
+        assert [float(t) for t in line.split()] == want, line

@@ -2,6 +2,8 @@
 over (B, L, C)): where they join a tune, what their restrictions keep out, and their names."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dwgen.families import bwdlane, bwdwalk
@@ -16,12 +18,13 @@ def _names(p: Problem) -> list[str]:
     return [f.name for f in families_of(p, "bwd")]
 
 
-def test_each_causal_layout_gets_its_family_and_symmetric_padding_does_not():
+def test_each_causal_layout_gets_its_family_and_symmetric_padding_of_the_halo_only_the_walk():
     assert "dw1d_bwdlane" in _names(MAMBA_BCL)
     assert "dw1d_bwdwalk" in _names(MAMBA_BLC)
     symmetric = Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16")  # P = 3 on both sides: Lout = L + 3
-    assert _names(symmetric) == ["dw1d_bwd"]
-    assert _names(Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16", layout="blc")) == ["dw1d_bwd"]
+    assert _names(symmetric) == ["dw1d_bwd"]  # the lane family wants Lout = L
+    assert _names(replace(symmetric, layout="blc")) == ["dw1d_bwd", "dw1d_bwdwalk"]  # the walk P = H on the left
+    assert _names(Problem(8, 4096, 2048, 4, 1, 2, 1, "bf16", layout="blc")) == ["dw1d_bwd"]  # P < H
 
 
 def test_the_lane_family_takes_centred_padding_without_an_activation():

@@ -316,7 +316,7 @@ def test_bwd_enumeration_matches_brute_force(p):
     every = enumerate_space(p, "bwd")
     # the other families' own tests: tests/test_bwdtc.py, tests/test_causal_families.py
     vs = [v for v in every if v.family.name == "dw1d_bwd"]
-    assert {v.family.name for v in every} <= {"dw1d_bwd", "dw1d_bwdtc", "dw1d_bwdlane"}
+    assert {v.family.name for v in every} <= {"dw1d_bwd", "dw1d_bwdtc", "dw1d_bwdlane", "dw1d_bwdwalk"}
     assert {tuple(getattr(v.config, a) for a in bwd.AXES) for v in vs} == expect and expect
     assert all(v.direction == "bwd" and v.family.name == "dw1d_bwd" and v.name.startswith("dw1d_bwd_") for v in vs)
     assert len({v.digest for v in vs}) == len(vs)

@@ -1,4 +1,5 @@
-"""The walking backward over (B, L, C) for causal problems at stride 1: each thread owns a vector of
+"""The walking backward over (B, L, C) for problems padded by the halo on the left at stride 1 (causal, or
+symmetric padding of H, or any right padding): each thread owns a vector of
 neighbouring channels and walks a stretch of the length, its halo held in registers; no shared-memory windows.
 
 Why: the fused family stages a tile of TC channels by TL positions in shared memory, and each thread then
@@ -7,14 +8,15 @@ with SiLU the Mamba `(B, L, C)` backward read 2.10x copy against 1.68x for the `
 (fifteenth session). Over `(B, L, C)` a thread's own positions follow each other, so walking them keeps the
 last H + 1 inputs in registers: x and grad_out are read once each from memory, a warp's vector loads side by
 side across the channels (one contiguous request a position), and only the first H positions of a walk are
-read twice. Causal only (P = H, Lout = L): the lane family also takes centred padding, the walk not yet.
+read twice. The halo as left padding (P = H): causal, or symmetric padding of H, whose longer grad_out rows
+only add positions to walk (the suite's Mamba-shaped K4 P3 problem).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dwgen.families import AxisConfig, causal, some_design_fits, stride_one
+from dwgen.families import AxisConfig, some_design_fits, stride_one
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_bwd_walk.cu.j2"
@@ -86,7 +88,13 @@ class Tiling:
     @property
     def slots(self) -> int:
         """Partial slots, one a block: the grid's second dimension."""
-        return self.problem.batch * -(-self.problem.length // self.span)
+        return self.problem.batch * -(-self.problem.out_length // self.span)
+
+
+def left_padding_is_halo(p: Problem, c: Config) -> bool:
+    """P = H on the left (right padding any): grad_out position o pairs with x from o - H to o, so a thread
+    walking grad_out positions holds its own halo; a longer row of grad_out only adds positions to walk."""
+    return p.padding == p.halo
 
 
 def blc_only(p: Problem, c: Config) -> bool:
@@ -143,7 +151,7 @@ def span_fits_length(p: Problem, c: Config) -> bool:
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     blc_only,
     stride_one,
-    causal,
+    left_padding_is_halo,
     vector_of_4_to_16_bytes,
     channels_whole_vectors,
     state_fits_registers,
@@ -159,7 +167,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
 
 def applies(p: Problem) -> bool:
     """Whether any of the family's designs fits p (a family with none would only cost the tune its asks)."""
-    return p.layout == "blc" and p.causal and some_design_fits(p, Config, RESTRICTIONS)
+    return p.layout == "blc" and p.padding == p.halo and some_design_fits(p, Config, RESTRICTIONS)
 
 
 def name_tokens(c: Config) -> list[str]:
@@ -184,8 +192,8 @@ def render_context(p: Problem, c: Config) -> dict:
 
 
 def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
-    """Causal rows (the padding is the halo): shorter than the halo, than a walk, a block's span and a
-    little, several spans; channels past the last block's threads."""
+    """Rows with the halo as left padding (the right one as the problem has it): shorter than the halo, than a
+    walk, a block's span and a little, several spans; channels past the last block's threads."""
     t = Tiling(p, c)
     v, h, sp = c.vec, t.halo, t.span
     return [(1, v, 1, h, p.bias), (2, 3 * v, h + 2, h, not p.bias), (1, c.ct * v + v, c.seg + 3, h, p.bias),
