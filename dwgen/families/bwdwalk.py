@@ -167,7 +167,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
 
 def applies(p: Problem) -> bool:
     """Whether any of the family's designs fits p (a family with none would only cost the tune its asks)."""
-    return p.layout == "blc" and p.padding == p.halo and some_design_fits(p, Config, RESTRICTIONS)
+    return p.layout == "blc" and some_design_fits(p, Config, RESTRICTIONS)
 
 
 def name_tokens(c: Config) -> list[str]:
