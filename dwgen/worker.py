@@ -43,8 +43,9 @@ class Launcher:
 
 
 class BwdLauncher:
-    """A backward variant's loaded library: its launch (both kernels: grad_x with per-tile partial sums, then
-    the fixed-order sum of those into grad_weight and grad_bias) with the scratch that launch needs."""
+    """A backward variant's loaded library: its launch (grad_x with per-tile partial sums, then the fixed-order
+    sum of those into grad_weight and grad_bias; or one kernel for all three where a variant's block covers
+    the whole batch) with the scratch that launch needs (none then)."""
 
     def __init__(self, cand: Candidate):
         from dwgen import contract

@@ -28,8 +28,9 @@ AXES: dict[str, tuple] = {
     # from the lane beside)
     "outs": (8, 16, 32),
     # batch rows of its channel a block walks, its weight sums carried across them (one partial slot and
-    # one reduction a block)
-    "rows": (1, 2, 4, 8),
+    # one reduction a block; a block that walks the whole batch writes the gradients itself, with no
+    # second launch to sum slots)
+    "rows": (1, 2, 4, 8, 16),
     # the next step's runs fetched into registers before this step's are computed (token ahead), their loads
     # in flight meanwhile, for walks of more than one step
     "ahead": (False, True),
@@ -80,8 +81,9 @@ class Tiling:
 
     @property
     def slots(self) -> int:
-        """Partial slots, one a block: the grid's second dimension."""
-        return -(-self.problem.batch // self.config.rows)
+        """Blocks along the batch, the grid's second dimension: one partial slot each, or a single block
+        writing the gradients itself where it walks the whole batch."""
+        return max(1, -(-self.problem.batch // self.config.rows))
 
 
 def bcl_only(p: Problem, c: Config) -> bool:

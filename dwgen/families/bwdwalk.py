@@ -144,8 +144,8 @@ def channels_fill_block(p: Problem, c: Config) -> bool:
 
 
 def span_fits_length(p: Problem, c: Config) -> bool:
-    """A block's span no longer than twice the row (past that, most of its rows would idle)."""
-    return Tiling(p, c).span // 2 < max(p.length, 256)
+    """A block's span no longer than twice grad_out's row (past that, most of its rows would idle)."""
+    return Tiling(p, c).span // 2 < max(p.out_length, 256)
 
 
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
