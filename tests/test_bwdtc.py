@@ -74,7 +74,21 @@ def test_the_render_launches_the_tensor_core_forward_on_grad_out_with_the_taps_r
     assert f"dwgen_launch_{v.name}_gx(gy, wr, nullptr, gx, B, C, Lout, L, H - P, 0, stream)" in src
     assert f"extern \"C\" long long dwgen_workspace_{v.name}(" in src
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
-    assert re.search(r"wr\[wc \+ k\] = w\[wc \+ K - 1 - k\]", src)
+    assert "wr[i] = w[i - k + K - 1 - k]" in src
+
+
+def test_the_weight_gradient_runs_beside_grad_x_on_a_second_stream_joined_back():
+    """The weight gradient neither reads the taps nor waits for grad_x: it is launched on the side stream
+    between a fork and a join recorded on the caller's, and grad_x's taps come from their own small kernel."""
+    src = render.render_variant(split_variants(CONFORMER)[0])
+    launch = src[src.index("extern \"C\" int dwgen_launch_" + split_variants(CONFORMER)[0].name + "("):]
+    order = ["cudaEventRecord(side->fork, s)", "cudaStreamWaitEvent(side->stream, side->fork, 0)",
+             "launch_wgrad(gy, x, gw, gb, work, B, C, L, Lout, P, ws)", "launch_reverse(w, work, B, C, Lout, s)",
+             "_gx(gy, wr, nullptr, gx", "cudaEventRecord(side->join, ws)", "cudaStreamWaitEvent(s, side->join, 0)"]
+    at = [launch.index(a) for a in order]
+    assert at == sorted(at)
+    assert "cudaThreadExchangeStreamCaptureMode" in src  # a first call under graph capture may create the stream
+    assert not re.search(r"_wgrad\(\s*const [^)]*\bw\b", src)  # the weight-gradient kernel takes no taps
 
 
 def test_each_weight_gradient_design_renders_its_own_kernel():
@@ -106,7 +120,9 @@ WGRAD_MAIN = MAIN_OPEN + r"""
     using namespace CAT(NAME, _ns);
     const long long ws = workspace_floats(B, C, Lout);
     float* work = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((ws * 4 + 63) / 64 * 64 + 64)));
-    const int rc = launch_wgrad(gy, x, w, gw, gb, work, B, C, L, Lout, P, nullptr);
+    const int rv = launch_reverse(w, work, B, C, Lout, nullptr);
+    if (rv != 0) return 10 + rv;
+    const int rc = launch_wgrad(gy, x, gw, gb, work, B, C, L, Lout, P, nullptr);
     if (rc != 0) return 10 + rc;
     FILE* out = std::fopen(argv[2], "wb");
     std::fwrite(gw, 1, static_cast<size_t>(C * K * e), out);
