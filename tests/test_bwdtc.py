@@ -82,12 +82,16 @@ def test_the_weight_gradient_runs_beside_grad_x_on_a_second_stream_joined_back()
     between a fork and a join recorded on the caller's, and grad_x's taps come from their own small kernel."""
     src = render.render_variant(split_variants(CONFORMER)[0])
     launch = src[src.index("extern \"C\" int dwgen_launch_" + split_variants(CONFORMER)[0].name + "("):]
-    order = ["cudaEventRecord(side->fork, s)", "cudaStreamWaitEvent(side->stream, side->fork, 0)",
+    order = ["side_serves(side->stream, s)", "cudaEventRecord(side->fork, s)",
+             "cudaStreamWaitEvent(side->stream, side->fork, 0)",
              "launch_wgrad(gy, x, gw, gb, work, B, C, L, Lout, P, ws)", "launch_reverse(w, work, B, C, Lout, s)",
              "_gx(gy, wr, nullptr, gx", "cudaEventRecord(side->join, ws)", "cudaStreamWaitEvent(s, side->join, 0)"]
     at = [launch.index(a) for a in order]
     assert at == sorted(at)
     assert "cudaThreadExchangeStreamCaptureMode" in src  # a first call under graph capture may create the stream
+    # a side stream another capture holds (it stays in a capture until that ends) is left alone
+    assert "return ss == cudaStreamCaptureStatusActive && cs == cudaStreamCaptureStatusActive && sid == cid;" in src
+    assert "cudaStreamSynchronize(ws)" in src  # a failed join waits before the caller frees what the side reads
     assert not re.search(r"_wgrad\(\s*const [^)]*\bw\b", src)  # the weight-gradient kernel takes no taps
 
 

@@ -491,6 +491,95 @@ def test_cuda_graph_replay_of_forward_and_backward_equals_eager(generated, c):
             assert bitwise_equal(got, want), name
 
 
+# ---- the split backward's second stream -----------------------------------------------------------------
+# The split backward (fp16 K31, as Conformer) runs its weight gradient on a second stream of the device,
+# forked from the caller's stream and joined back to it. A stream forked into a graph capture stays in it
+# until the capture ends, so a call from another thread meanwhile must not use it.
+
+SPLIT = Call(32, 512, 1024, 31, padding=15, dtype="fp16", bias=False)
+
+
+def split_inputs(generated, seed):
+    x, w, b, gy = inputs(SPLIT, seed=seed, requires_grad=False)
+    frozen = generated.kernel_for(x, w, b, SPLIT.stride, SPLIT.padding, SPLIT.dilation, direction="bwd")
+    assert frozen.startswith("dw1d_bwdtc_"), frozen  # the kernel these tests are about
+    return x, w, b, gy
+
+
+def split_backward(x, w, b, gy):
+    return bwd_op()(gy, x, w, b, SPLIT.stride, *SPLIT.pads, SPLIT.dilation, SPLIT.act)
+
+
+def test_split_backward_replayed_from_a_graph_equals_eager(generated):
+    x, w, b, gy = split_inputs(generated, seed=20)
+    graph, static = capture(lambda: split_backward(x, w, b, gy))
+    x2, w2, _, gy2 = split_inputs(generated, seed=21)
+    for t, new in ((x, x2), (w, w2), (gy, gy2)):
+        t.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, got, want in zip(("grad_x", "grad_weight", "grad_bias"), static, split_backward(x, w, b, gy),
+                               strict=True):
+        assert bitwise_equal(got, want), name
+
+
+def test_split_backward_called_while_another_thread_captures_it(generated):
+    """Thread A captures the split backward (thread-local capture mode, so that thread B may work meanwhile);
+    while A's capture is open, B calls it eagerly on its own stream. B's gradients are those of an eager call
+    made before, A's capture ends without error and its replay gives eager's gradients."""
+    import threading
+
+    xa, wa, ba, gya = split_inputs(generated, seed=22)
+    xb, wb, bb, gyb = split_inputs(generated, seed=23)
+    want_a, want_b = split_backward(xa, wa, ba, gya), split_backward(xb, wb, bb, gyb)
+    torch.cuda.synchronize()
+    captured, b_done = threading.Event(), threading.Event()
+    result: dict = {}
+
+    def thread_a():
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                split_backward(xa, wa, ba, gya)  # warm-up, as torch's graph docs ask
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                result["a"] = split_backward(xa, wa, ba, gya)
+                captured.set()
+                b_done.wait(timeout=120)
+            result["graph"] = graph
+        except Exception as e:  # reported by the main thread
+            result["a_error"] = repr(e)
+        finally:
+            captured.set()
+
+    def thread_b():
+        try:
+            captured.wait(timeout=120)
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                result["b"] = split_backward(xb, wb, bb, gyb)
+            stream.synchronize()
+        except Exception as e:
+            result["b_error"] = repr(e)
+        finally:
+            b_done.set()
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert "a_error" not in result and "b_error" not in result, result
+    for name, got, want in zip(("grad_x", "grad_weight", "grad_bias"), result["b"], want_b, strict=True):
+        assert bitwise_equal(got, want), ("thread B", name)
+    result["graph"].replay()
+    torch.cuda.synchronize()
+    for name, got, want in zip(("grad_x", "grad_weight", "grad_bias"), result["a"], want_a, strict=True):
+        assert bitwise_equal(got, want), ("thread A's replay", name)
+
+
 # ---- a second GPU ----------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second GPU")
