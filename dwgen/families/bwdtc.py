@@ -4,11 +4,13 @@ kernel, grad_x from the tensor-core forward run on grad_out with the taps revers
 At stride 1, grad_x[i] = sum_k w[k] grad_out[i + P - k D] is a forward convolution of grad_out (length Lout,
 giving L outputs) with the taps reversed and left padding H - P (H = (K - 1) D). The fused backward does 2K
 fp32 FMAs an element; for K31 that bounds it at about 4.5x copy (docs/perf-notes.md), while the tensor-core
-forward runs K31 at about 1.15x. Here the weight-gradient kernel does the K FMAs of grad_weight alone (and
-writes the reversed taps for the grad_x launch), grad_x moves to tensor cores, and grad_out is read twice.
+forward runs K31 at about 1.15x. Here the weight-gradient kernel does the K FMAs of grad_weight alone, grad_x
+moves to tensor cores (its reversed taps from a small kernel of their own), and grad_out is read twice; the
+weight gradient runs on a second stream beside grad_x, since neither needs the other's output.
 Measured on fp16 K31 (H200): with the weight gradient on CUDA cores a tie with the fused kernel (twelfth
 session, about 75 us of 100 in the weight gradient); with it on tensor cores 0.060 ms against the fused
-kernel's 0.102, frozen (thirteenth session; docs/perf-notes.md).
+kernel's 0.102, frozen (thirteenth session); side by side, 2.50x -> 2.03x copy (eighteenth session;
+docs/perf-notes.md).
 """
 from __future__ import annotations
 
