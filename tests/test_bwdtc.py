@@ -80,8 +80,9 @@ def test_the_render_launches_the_tensor_core_forward_on_grad_out_with_the_taps_r
 def test_the_weight_gradient_runs_beside_grad_x_on_a_second_stream_joined_back():
     """The weight gradient neither reads the taps nor waits for grad_x: it is launched on the side stream
     between a fork and a join recorded on the caller's, and grad_x's taps come from their own small kernel."""
-    src = render.render_variant(split_variants(CONFORMER)[0])
-    launch = src[src.index("extern \"C\" int dwgen_launch_" + split_variants(CONFORMER)[0].name + "("):]
+    v = split_variants(CONFORMER)[0]
+    src = render.render_variant(v)
+    launch = src[src.index(f"extern \"C\" int dwgen_launch_{v.name}("):]
     order = ["side_serves(side->stream, s)", "cudaEventRecord(side->fork, s)",
              "cudaStreamWaitEvent(side->stream, side->fork, 0)",
              "launch_wgrad(gy, x, gw, gb, work, B, C, L, Lout, P, ws)", "launch_reverse(w, work, B, C, Lout, s)",
