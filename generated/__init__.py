@@ -486,7 +486,8 @@ def _output_length(x, k: int, left: int, right: int, stride: int, dilation: int,
 def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction="fwd", activation=None) -> str:
     """Name of the kernel depthwise_conv1d would run for these arguments (its backward, for direction bwd);
     the same choice as the C++ dispatcher makes. A tuned kernel is chosen only for the problem it was tuned
-    for, paddings (left and right) and activation included."""
+    for, paddings (left and right) and activation included, with or without bias (a run-time argument of every
+    kernel, each checked both ways): the kernel tuned with the call's bias first."""
     left, right, out_length = _validate(x, weight, bias, stride, padding, dilation, activation)
     if _BROKEN:
         raise RuntimeError(_BROKEN)
@@ -496,8 +497,10 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     generic = MANIFEST["generic"]["scalar" if direction == "fwd" else "scalar_bwd"][dtype]["name"]
     if layout is None:
         return generic
-    name = (t.tuned if direction == "fwd" else t.tuned_bwd).get(
-        (*x.shape, k, stride, left, right, dilation, dtype, bias is not None, layout, activation or "none"))
+    tuned = t.tuned if direction == "fwd" else t.tuned_bwd
+    keys = [(*x.shape, k, stride, left, right, dilation, dtype, b, layout, activation or "none")
+            for b in (bias is not None, bias is None)]
+    name = tuned.get(keys[0], tuned.get(keys[1]))
     if name is None and stride == 1 and dilation == 1:
         name = (t.fast if direction == "fwd" else t.fast_bwd).get(f"{dtype}_{layout}_k{k}")
     if name is None or x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:

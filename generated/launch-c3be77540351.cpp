@@ -463,12 +463,23 @@ std::array<Tables, MAX_DEVICES> TABLES;
 std::mutex INSTALL;
 
 // A tuned problem is its sizes, K, stride, left and right padding, dilation, dtype, bias, layout and activation:
-// a call that differs in any of them (a causal call on a symmetric tuning, SiLU on one tuned without) is not
-// that problem and takes the generic kernels.
+// a call that differs in any of them but bias (a causal call on a symmetric tuning, SiLU on one tuned without)
+// is not that problem and takes the generic kernels. Bias is a run-time argument of every kernel, each checked
+// with and without one, so a call with the other bias runs the kernel tuned without (or with) it.
 std::string tuned_key(int64_t B, int64_t C, int64_t L, int64_t K, int64_t S, int64_t pl, int64_t pr, int64_t D,
                       int dtype, bool bias, int layout, int64_t act) {
     int64_t v[12] = {B, C, L, K, S, pl, pr, D, dtype, bias ? 1 : 0, layout, act};
     return std::string(reinterpret_cast<const char*>(v), sizeof(v));
+}
+
+// The tuned kernel of a direction for this call: the one tuned with its bias, else the one with the other.
+Choice tuned_choice(const std::unordered_map<std::string, Choice>& tuned, const at::Tensor& x, int64_t K, int64_t S,
+                    int64_t pl, int64_t pr, int64_t D, int dt, bool bias, int layout, int64_t act) {
+    for (const bool b : {bias, !bias}) {
+        const auto it = tuned.find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, pr, D, dt, b, layout, act));
+        if (it != tuned.end()) return it->second;
+    }
+    return Choice{};
 }
 
 Choice choice_of(const std::vector<int64_t>& row, size_t at) {
@@ -576,9 +587,7 @@ Choice choose_fwd(const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t 
     if (layout < 0) return Choice{};
     const Tables& t = tables_for(x);
     const int dt = dtype_index(x.scalar_type());
-    Choice c;
-    const auto it = t.tuned[0].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, pr, D, dt, bias, layout, act));
-    if (it != t.tuned[0].end()) c = it->second;
+    Choice c = tuned_choice(t.tuned[0], x, K, S, pl, pr, D, dt, bias, layout, act);
     if (c.index < 0 && S == 1 && D == 1 && K <= MAX_K) c = t.fast[0][dt][layout][K];
     return fits(c, x, nullptr, Lout) ? c : Choice{};
 }
@@ -590,9 +599,7 @@ Choice choose_bwd(const at::Tensor& gy, const at::Tensor& x, int64_t K, bool bia
     if (layout < 0 || layout_of(gy) != layout) return Choice{};
     const Tables& t = tables_for(x);
     const int dt = dtype_index(x.scalar_type());
-    Choice c;
-    const auto it = t.tuned[1].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, pr, D, dt, bias, layout, act));
-    if (it != t.tuned[1].end()) c = it->second;
+    Choice c = tuned_choice(t.tuned[1], x, K, S, pl, pr, D, dt, bias, layout, act);
     if (c.index < 0 && S == 1 && D == 1 && K <= MAX_K) c = t.fast[1][dt][layout][K];
     return fits(c, x, &gy, Lout) ? c : Choice{};
 }

@@ -309,16 +309,17 @@ def test_an_entry_with_a_bad_padding_right_or_activation_is_refused(tmp_path, fi
 
 def test_the_launcher_keys_tuned_rows_by_both_paddings_and_the_activation():
     """The C++ tuned table (checked in its rendered text: no compiler needed) matches a call's pad_left,
-    pad_right and activation, never a symmetric tuning for an asymmetric call or one without SiLU for SiLU."""
+    pad_right and activation, never a symmetric tuning for an asymmetric call or one without SiLU for SiLU;
+    bias alone may differ (the call's own bias first, then the other: every kernel takes bias at run time)."""
     m = freeze.read_manifest(freeze.DEFAULT_DIR)  # the committed one, fresh (tests/test_generated.py)
     text = (freeze.DEFAULT_DIR / m["launcher"]).read_text()
     assert "int64_t v[12] = {B, C, L, K, S, pl, pr, D, dtype, bias ? 1 : 0, layout, act};" in text
     assert "r.size() == 17" in text and "choice_of(r, 13)" in text
     assert "r[5], r[6], r[7], r[8], static_cast<int>(r[9]), r[10] != 0,\n" in text
     assert "static_cast<int>(r[11]), r[12])] = c;" in text
+    assert "for (const bool b : {bias, !bias}) {" in text
+    assert "tuned.find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, pr, D, dt, b, layout, act))" in text
     for direction in (0, 1):
-        lookup = (f"t.tuned[{direction}].find(tuned_key(x.size(0), x.size(1), x.size(2), K, S, pl, pr, D, dt, bias, "
-                  "layout, act))")
-        assert lookup in text
+        assert f"tuned_choice(t.tuned[{direction}], x, K, S, pl, pr, D, dt, bias, layout, act)" in text
     assert "pl == pr" not in text
     assert text.count("Lout, act);") == 2  # both choose_fwd and choose_bwd are asked with the activation
