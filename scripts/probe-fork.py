@@ -23,20 +23,6 @@ import generated  # noqa: E402
 from dwgen import bench  # noqa: E402
 
 
-def graphed(fn):
-    """fn captured once in a CUDA graph (warmed up on a side stream first, as torch asks)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python scripts/probe-fork.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=200)
@@ -57,8 +43,9 @@ def main() -> int:
     def copy():
         dst.copy_(src)
 
-    forms = {"backward plain": backward, "backward graph": graphed(backward), "copy_ plain": copy,
-             "copy_ graph": graphed(copy)}
+    # the bench's own capture (bench.graphed), so that a replay here is what the bench times
+    forms = {"backward plain": backward, "backward graph": bench.graphed(backward), "copy_ plain": copy,
+             "copy_ graph": bench.graphed(copy)}
     print(f"fp16 {B}x{C}x{L} K{K} P{P} backward, the frozen module's; {a.rounds} rounds")
     print(f"{'form':<16} {'L2 flush':>8} {'median ms':>10} {'p10-p90':>16} {'x copy_':>8}")
     for flush in (True, False):
