@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dwgen.dtypes import DTYPES
-from dwgen.families import all_designs, bcl, blc, bwd, bwdlane, bwdtc, bwdwalk, tc
+from dwgen.families import all_designs, bcl, blc, bwd, bwdlane, bwdtc, bwdwalk, lane, tc
 from dwgen.problem import ACTIVATIONS, Problem, ProblemError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -67,7 +67,8 @@ class Family:
 # and a tune's plain parameter names are its. The others join a tune where they apply, their parameters
 # named `family.axis` beside a `family` choice.
 FAMILIES: dict[tuple[str, str], tuple[Family, ...]] = {
-    ("fwd", "bcl"): (Family("dw1d", "fwd", "bcl", bcl), Family("dw1d_tc", "fwd", "bcl", tc)),
+    ("fwd", "bcl"): (Family("dw1d", "fwd", "bcl", bcl), Family("dw1d_tc", "fwd", "bcl", tc),
+                     Family("dw1d_lane", "fwd", "bcl", lane)),
     ("fwd", "blc"): (Family("dw1d", "fwd", "blc", blc),),
     ("bwd", "bcl"): (Family("dw1d_bwd", "bwd", "bcl", bwd), Family("dw1d_bwdtc", "bwd", "bcl", bwdtc),
                      Family("dw1d_bwdlane", "bwd", "bcl", bwdlane)),

@@ -38,6 +38,8 @@
 #   ncuvariant  Nsight Compute on named variants, frozen or not (scripts/probe-variant.py $PROBE_ARGS, e.g.
 #           PROBE_ARGS="--shape 32x512x1024 -k 31 --padding 15 --dtype fp16 --direction bwd NAME"); each variant is
 #           checked first, outside the NVTX range ncu profiles; NCU_COUNT kernels (default 6) are profiled
+#   ncusass the first variant of PROBE_ARGS under Nsight Compute's source counters: each SASS instruction with
+#           how often it ran (ncusass.csv) and the executed instructions by opcode (ncusass.log)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -92,6 +94,13 @@ for step in "$@"; do
                   --metrics 'gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active' \
                   --nvtx --nvtx-include probe/ -k regex:dw1d -c "${NCU_COUNT:-6}" \
                   python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and variants} ;;
+    ncusass) timed ncusass ncu --section SourceCounters --section InstructionStats \
+               --metrics 'gpu__time_duration.sum,smsp__inst_executed.sum,sass__inst_executed_per_opcode' \
+               --print-metric-instances details --nvtx --nvtx-include probe/ -k regex:dw1d -c 1 -o "$OUT/ncusass" \
+               python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and a variant} \
+             && ncu -i "$OUT/ncusass.ncu-rep" --page details --print-metric-instances details >> "$OUT/ncusass.log" \
+             && ncu -i "$OUT/ncusass.ncu-rep" --page source --print-source sass --csv > "$OUT/ncusass.csv"
+             rm -f "$OUT/ncusass.ncu-rep" ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -1,5 +1,5 @@
-"""A tune over several families: the grid sampler proposes every valid variant of both forward families of a
-16-bit (B, C, L) problem once, and TPE's asks over the mixed space name configs of either family."""
+"""A tune over several families: the grid sampler proposes every valid variant of the three forward families of
+a 16-bit (B, C, L) problem once, and TPE's asks over the mixed space name configs of each family."""
 from __future__ import annotations
 
 import optuna
@@ -25,7 +25,7 @@ def test_the_grid_walks_both_families_once():
         seen.append(Variant(P, config).digest)
         study.tell(trial, 1.0)
     assert sorted(seen) == sorted(v.digest for v in enumerate_space(P))
-    assert {Variant(P, make_config(P, t.params)).family.name for t in study.trials} == {"dw1d", "dw1d_tc"}
+    assert {Variant(P, make_config(P, t.params)).family.name for t in study.trials} == {"dw1d", "dw1d_tc", "dw1d_lane"}
 
 
 def test_tpe_asks_name_configs_of_either_family():
@@ -33,8 +33,8 @@ def test_tpe_asks_name_configs_of_either_family():
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=5))
     dists = st.distributions(P)
     families = set()
-    for _ in range(20):
+    for _ in range(30):
         trial = study.ask(dists)
         families.add(Variant(P, make_config(P, trial.params)).family.name)
         study.tell(trial, 1.0)
-    assert families == {"dw1d", "dw1d_tc"}
+    assert families == {"dw1d", "dw1d_tc", "dw1d_lane"}

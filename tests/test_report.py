@@ -74,8 +74,8 @@ def test_report_from_storage_finds_the_study_by_key(tmp_path):
     storage, _ = fake_study(tmp_path, trials=8)
     path = report.report_from_storage(storage, PROBLEM.key, tmp_path / "runs", bench_results=tmp_path / "x.json")
     assert path == tmp_path / "runs" / PROBLEM.key / "report.md" and path.exists()
-    with pytest.raises(report.ReportError, match=r"no study of 8x64x2049.*close: " + PROBLEM.key):
-        report.find_study(storage, PROBLEM.key.replace("2048", "2049"))
+    with pytest.raises(report.ReportError, match=r"no study of 8x64x2048.*close: " + PROBLEM.key):
+        report.find_study(storage, PROBLEM.key.replace("2047", "2048"))
 
 
 def test_a_study_with_nothing_measured_is_refused(tmp_path):

@@ -238,8 +238,9 @@ def test_config_refuses_values_off_the_axes():
 
 def test_known_good_are_valid_where_kept():
     p = PROBLEMS[0]
-    assert sorted(known_good(p), key=repr) == sorted([c for c in KNOWN_GOOD if not violations(p, c)], key=repr)
-    assert known_good(p)
+    primary = [c for c in known_good(p) if isinstance(c, Config)]  # the lane family's join them (stride 1)
+    assert sorted(primary, key=repr) == sorted([c for c in KNOWN_GOOD if not violations(p, c)], key=repr)
+    assert primary and not any(violations(p, c) for c in known_good(p))
 
 
 def raw_window_words(p: Problem, threads, outs, count, run_elems) -> int:
@@ -456,28 +457,35 @@ def test_known_good_asks_the_widest_accesses_first():
 
 
 def test_the_tensor_core_family_joins_16_bit_tunes_only():
-    """A (B, C, L) 16-bit problem at stride 1 is tuned over both forward families; fp32, strided and (B, L, C)
-    ones over their primary family alone. Names, configs and a tune's parameters round-trip."""
+    """A (B, C, L) 16-bit problem at stride 1 is tuned over the tensor-core family too, and over the lane family
+    where its rows are whole vectors and its padding causal or centred; fp32 ones over the lane family at
+    most; strided, odd-length and (B, L, C) ones over their primary family alone. Names, configs and a tune's
+    parameters round-trip."""
     from dwgen.space import families_of, make_config, trial_params, tune_axes
 
     p = Problem(32, 512, 1024, 31, 1, 15, dtype="fp16")
-    assert [f.name for f in families_of(p)] == ["dw1d", "dw1d_tc"]
-    for q in (Problem(32, 512, 1024, 31, 1, 15), Problem(4, 64, 4096, 3, 2, 1, dtype="bf16"),
+    assert [f.name for f in families_of(p)] == ["dw1d", "dw1d_tc", "dw1d_lane"]
+    assert [f.name for f in families_of(Problem(32, 512, 1024, 31, 1, 15))] == ["dw1d", "dw1d_lane"]
+    assert [f.name for f in families_of(Problem(32, 512, 1023, 31, 1, 15, dtype="fp16"))] == ["dw1d", "dw1d_tc"]
+    for q in (Problem(32, 512, 1023, 31, 1, 15), Problem(4, 64, 4096, 3, 2, 1, dtype="bf16"),
               Problem(8, 512, 2048, 4, 1, 3, dtype="bf16", layout="blc")):
         assert [f.name for f in families_of(q)] == ["dw1d"] and "family" not in tune_axes(q)
     vs = enumerate_space(p)
     tcs = [v for v in vs if v.family.name == "dw1d_tc"]
-    assert tcs and len({v.digest for v in vs}) == len(vs)
+    lanes = [v for v in vs if v.family.name == "dw1d_lane"]
+    assert tcs and lanes and len({v.digest for v in vs}) == len(vs)
     axes = tune_axes(p)
-    assert axes["family"] == ("dw1d", "dw1d_tc") and "dw1d_tc.warps" in axes and "threads" in axes
-    for v in (vs[0], tcs[0], tcs[-1]):
+    assert axes["family"] == ("dw1d", "dw1d_tc", "dw1d_lane") and "dw1d_tc.warps" in axes and "threads" in axes
+    assert "dw1d_lane.vecs" in axes
+    for v in (vs[0], tcs[0], tcs[-1], lanes[0], lanes[-1]):
         params = trial_params(p, v.config)
         assert set(params) <= set(axes) and make_config(p, params) == v.config
         assert make_config(p, v.config_dict) == v.config and config_from_name(v.name, p) == v.config
     assert tcs[0].name.startswith("dw1d_tc_f16_k31_") and "family" in tcs[0].config_dict
+    assert lanes[0].name.startswith("dw1d_lane_f16_k31_") and "family" in lanes[0].config_dict
     assert "family" not in vs[0].config_dict  # the primary family's entries stay as they were
     # families take turns in the designs a short tune asks first
-    assert [type(c).__module__.rsplit(".", 1)[1] for c in known_good(p)[:4]] == ["bcl", "tc", "bcl", "tc"]
+    assert [type(c).__module__.rsplit(".", 1)[1] for c in known_good(p)[:5]] == ["bcl", "tc", "lane", "bcl", "tc"]
 
 
 def test_the_register_cap_is_a_token_and_round_trips():
