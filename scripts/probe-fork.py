@@ -49,16 +49,8 @@ def main() -> int:
     print(f"fp16 {B}x{C}x{L} K{K} P{P} backward, the frozen module's; {a.rounds} rounds")
     print(f"{'form':<16} {'L2 flush':>8} {'median ms':>10} {'p10-p90':>16} {'x copy_':>8}")
     for flush in (True, False):
-        timer = bench.Timer(flush=flush)
-        samples = {name: [] for name in forms}
-        for fn in forms.values():
-            fn()
-        torch.cuda.synchronize()
-        for _ in range(a.rounds):
-            for name, fn in forms.items():
-                samples[name].append(timer._once(fn))  # one flushed (or not) rep between two events
-        torch.cuda.synchronize()
-        ms = {name: [s.elapsed_time(e) for s, e in ev] for name, ev in samples.items()}
+        timings = bench.Timer(flush=flush).time_interleaved(forms, a.rounds)  # each rep flushed (or not)
+        ms = {name: list(t.samples) for name, t in timings.items()}
         for name, t in ms.items():
             q = statistics.quantiles(t, n=10)
             copy_ms = statistics.median(ms["copy_ " + name.split()[1]])
