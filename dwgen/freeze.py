@@ -85,8 +85,7 @@ def _kernel_record(v: Variant) -> dict:
         "config": v.config_dict,
         "align_bytes": v.align_bytes,
         "channel_multiple": v.channel_multiple,
-        # (B, C, L) kernels read from the vector boundary before a misaligned x; (B, L, C) ones need it aligned
-        "peels_misalignment": v.direction == "fwd" and v.problem.layout == "bcl",
+        "peels_misalignment": v.family.peels_misalignment,
     }
 
 

@@ -57,6 +57,12 @@ class Family:
         """Whether any variant of this family can serve p (a module may say so cheaply; else assume it can)."""
         return getattr(self.module, "applies", lambda _: True)(p)
 
+    @property
+    def peels_misalignment(self) -> bool:
+        """Whether its launch takes an x that starts off a 16-byte boundary (else the dispatcher sends such an x
+        to the generic kernels): a family module says so with PEELS_MISALIGNMENT."""
+        return getattr(self.module, "PEELS_MISALIGNMENT", False)
+
     def activations(self, p: Problem) -> tuple[str, ...]:
         """The activations its launch takes at run time for p (every one unless the module says fewer): what the
         checks run it with besides its problem's own."""

@@ -323,3 +323,19 @@ def test_the_launcher_keys_tuned_rows_by_both_paddings_and_the_activation():
         assert f"tuned_choice(t.tuned[{direction}], x, K, S, pl, pr, D, dt, bias, layout, act)" in text
     assert "pl == pr" not in text
     assert text.count("Lout, act);") == 2  # both choose_fwd and choose_bwd are asked with the activation
+
+
+def test_only_kernels_whose_launch_peels_the_head_are_recorded_as_taking_a_misaligned_x(tmp_path):
+    """The dispatcher sends a misaligned x to a tuned kernel only when its record says the launch peels the head:
+    the window and tensor-core forwards do, the lane forward (16-byte aligned runs) and the (B, L, C) ones do not."""
+    from dwgen.families import lane
+
+    p = Problem(8, 64, 2048, 4, 1, 3, padding_right=0, dtype="bf16")
+    winners = [winner(p, Config(threads=128, vec=8, outs=2, halo="l1")),
+               winner(p, lane.Config(threads=128, vecs=1, walk="row"), ms=0.07)]
+    m = freeze.freeze(winners, tmp_path, log=lambda s: None)
+    kernels = {k["name"]: k for k in m["kernels"]}
+    assert kernels["dw1d_bf16_k4_t128_v8_o2_l1"]["peels_misalignment"] is True
+    assert kernels["dw1d_lane_bf16_k4_t128_o1_row"]["peels_misalignment"] is False
+    assert kernels["dw1d_lane_bf16_k4_t128_o1_row"]["align_bytes"] == 16
+    assert not any(k["peels_misalignment"] for k in kernels.values() if k["signature"]["layout"] == "blc")
