@@ -235,6 +235,11 @@ V __shfl_down_sync(unsigned, const V v, const unsigned d) {
 }
 
 template <class V>
+V __shfl_sync(unsigned, const V v, const int src) {  // the device takes the source lane modulo the warp
+    return shfl_from(v, [src](int) { return src & 31; });
+}
+
+template <class V>
 V __shfl_xor_sync(unsigned, const V v, const int mask) {
     return shfl_from(v, [mask](int l) { return l ^ mask; });
 }

@@ -1,8 +1,8 @@
 """The lane forward's own source (templates/dw1d_lane.cu.j2), run on the CPU through its launch function
 (tests/cuda_on_cpu.h: a block's threads as fibers, a warp's shuffles as barriers) and checked against float64:
 causal and centred paddings, every element type, SiLU, odd filters and dilation, the tile and row walks with
-and without the fetch ahead, rows shorter than a warp's runs, chunks mostly past a row's end, and what the
-launch refuses. It says nothing of speed, and the CPU build takes the portable SiLU spelling."""
+and without the fetch ahead, runs side by side and spread, rows shorter than a warp's runs, chunks mostly past a
+row's end, and what the launch refuses. It says nothing of speed, and the CPU build takes the portable SiLU spelling."""
 from __future__ import annotations
 
 import shutil
@@ -36,6 +36,11 @@ CASES = [
     (causal(3, 2, 1040, 5, "fp16", d=2), Config(threads=64, vecs=2, walk="row", rows=2, ahead=True)),
     (centred(2, 2, 1000, 4, "fp32"), Config(threads=64, vecs=4)),
     (causal(2, 2, 512, 1, "fp32"), Config(threads=64, vecs=1)),
+    # runs spread a warp's width apart: each vector's halo from the lane beside's vector of the same index
+    (causal(2, 3, 2048, 4, "bf16", activation="silu"), Config(threads=64, vecs=2, spread=True, walk="row", ahead=True)),
+    (centred(2, 3, 2000, 7, "bf16"), Config(threads=64, vecs=4, spread=True)),
+    (centred(3, 2, 1056, 3, "fp32"), Config(threads=64, vecs=2, spread=True, walk="row", rows=2)),
+    (causal(2, 2, 1040, 5, "fp16", d=2), Config(threads=64, vecs=2, spread=True)),
 ]
 
 

@@ -24,6 +24,9 @@ AXES: dict[str, tuple] = {
     "threads": (64, 128, 256),
     # positions a thread owns at a step, in whole 16-byte vectors (token o<n>): 1, 2 or 4 of them
     "vecs": (1, 2, 4),
+    # a run's vectors side by side (False) or a warp's width apart (True, token sp): then each store of a warp
+    # writes 512 contiguous bytes, and each vector's halo comes from the lane beside's vector of the same index
+    "spread": (False, True),
     # tile: a block per chunk of a row; row: a block walks `rows` batch rows of one channel chunk by chunk
     # (its taps read once for all)
     "walk": ("tile", "row"),
@@ -40,6 +43,7 @@ MAX_WINDOW_FLOATS = 96  # x and its halo a thread holds as floats for one run (m
 class Config(AxisConfig):
     threads: int = 128
     vecs: int = 2
+    spread: bool = False
     walk: str = "tile"
     rows: int = 1
     ahead: bool = False
@@ -60,6 +64,11 @@ class Tiling:
     def outs(self) -> int:
         """Positions a thread owns at a step."""
         return self.config.vecs * self.vec
+
+    @property
+    def span(self) -> int:
+        """Contiguous positions a thread holds: its run, or one vector where the run is spread."""
+        return self.vec if self.config.spread else self.outs
 
     @property
     def chunk(self) -> int:
@@ -94,10 +103,16 @@ def rows_whole_vectors(p: Problem, c: Config) -> bool:
 
 
 def halo_within_next_lane(p: Problem, c: Config) -> bool:
-    """Each side's halo (whole words) comes from the one lane beside: the problem's padding must fit a run."""
+    """Each side's halo (whole words) comes from the one lane beside: the problem's padding must fit the
+    positions a thread holds side by side (its run, or one vector where the run is spread)."""
     left, right = p.paddings
-    e = 4 // p.elem_bytes
-    return -(-left // e) * e <= Tiling(p, c).outs and -(-right // e) * e <= Tiling(p, c).outs
+    e, span = 4 // p.elem_bytes, Tiling(p, c).span
+    return -(-left // e) * e <= span and -(-right // e) * e <= span
+
+
+def spread_needs_vectors(p: Problem, c: Config) -> bool:
+    """One vector a thread is the same run spread or not."""
+    return not c.spread or c.vecs > 1
 
 
 def window_fits_registers(p: Problem, c: Config) -> bool:
@@ -133,6 +148,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     stride_one,
     causal_or_centred,
     rows_whole_vectors,
+    spread_needs_vectors,
     halo_within_next_lane,
     window_fits_registers,
     chunk_fits_length,
@@ -149,15 +165,16 @@ def applies(p: Problem) -> bool:
 
 
 def name_tokens(c: Config) -> list[str]:
-    return [f"t{c.threads}", f"o{c.vecs}", *(["row"] if c.walk == "row" else []),
+    return [f"t{c.threads}", f"o{c.vecs}", *(["sp"] if c.spread else []), *(["row"] if c.walk == "row" else []),
             *([f"n{c.rows}"] if c.rows != 1 else []), *(["ahead"] if c.ahead else [])]
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
     fields: dict = {}
     for tok in tokens:
-        if tok in ("row", "ahead") and tok not in fields:
-            fields["walk" if tok == "row" else tok] = "row" if tok == "row" else True
+        flag = {"row": ("walk", "row"), "ahead": ("ahead", True), "sp": ("spread", True)}.get(tok)
+        if flag is not None and flag[0] not in fields:
+            fields[flag[0]] = flag[1]
             continue
         key = {"t": "threads", "o": "vecs", "n": "rows"}.get(tok[:1])
         if key is None or not tok[1:].isdigit() or key in fields:
@@ -168,8 +185,8 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
 
 def render_context(p: Problem, c: Config) -> dict:
     t = Tiling(p, c)
-    return {"threads": c.threads, "outs": t.outs, "rows": c.rows, "walk_row": c.walk == "row", "ahead": c.ahead,
-            "vec": t.vec, "kernel_size": p.kernel_size, "dilation": p.dilation,
+    return {"threads": c.threads, "outs": t.outs, "spread": c.spread, "rows": c.rows, "walk_row": c.walk == "row",
+            "ahead": c.ahead, "vec": t.vec, "kernel_size": p.kernel_size, "dilation": p.dilation,
             "top_half": DTYPES[p.dtype].top_half}
 
 
@@ -193,13 +210,17 @@ def channel_multiple(p: Problem, c: Config) -> int:
     return 1
 
 
+# The first two won the Mamba SiLU and the 1x768x512 forward in the twentieth session's tune; runs of 2 and 4
+# vectors side by side lost there by 20-50% (docs/perf-notes.md), so the spread ones follow.
 KNOWN_GOOD: tuple[Config, ...] = (
-    Config(threads=128, vecs=2),
-    Config(threads=128, vecs=1),
-    Config(threads=256, vecs=1),
-    Config(threads=64, vecs=2),
-    Config(threads=128, vecs=2, walk="row", rows=2),
     Config(threads=128, vecs=1, walk="row", ahead=True),
+    Config(threads=128, vecs=1, walk="row"),
+    Config(threads=64, vecs=2, spread=True, walk="row", ahead=True),
+    Config(threads=128, vecs=2, spread=True),
+    Config(threads=128, vecs=1),
+    Config(threads=64, vecs=4, spread=True, walk="row"),
+    Config(threads=128, vecs=2),
+    Config(threads=64, vecs=2),  # long filters: a halo of up to 16 values needs runs side by side
     Config(threads=64, vecs=4),
 )
 
