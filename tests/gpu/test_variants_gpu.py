@@ -9,7 +9,7 @@ from dwgen import build, render
 from dwgen.families.bcl import HALOS
 from dwgen.problem import Problem
 from dwgen.result import Result
-from dwgen.space import enumerate_space
+from dwgen.space import enumerate_space, families_of
 from dwgen.worker import Candidate, GpuWorker
 
 pytestmark = pytest.mark.gpu
@@ -28,6 +28,8 @@ PROBLEMS = [
     Problem(4, 256, 1000, 4, 1, 3, dtype="bf16", layout="blc"),
     Problem(2, 64, 999, 5, 2, 4, 2, dtype="fp16", layout="blc", bias=True),
     Problem(3, 96, 513, 3, 1, 1, dtype="fp32", layout="blc"),
+    # Mamba's conv over (B, C, L): causal, SiLU (the lane family's spread runs among its designs)
+    Problem(3, 16, 2048, 4, 1, 3, dtype="bf16", padding_right=0, activation="silu"),
 ]
 
 
@@ -37,10 +39,14 @@ FEATURES = [(f"halo {h}", lambda v, h=h: v.config.halo == h) for h in HALOS] + [
     (f"rows {h}", lambda v, h=h: v.config.batches > 1 and v.config.halo == h) for h in HALOS]
 
 
-def sample(p: Problem, n: int = 10):
+def sample(p: Problem, n: int = 10, per_family: int = 3):
+    """The primary family's feature variants, a few of each other family that serves p (tensor-core, lane), then
+    n more at random from the whole space."""
     vs = enumerate_space(p)
     rng = random.Random(0)
-    picked, widest_first = [], sorted(vs, key=lambda v: -v.config.vec)  # vectors exercise the offset cases
+    primary, *others = families_of(p)
+    own = [v for v in vs if v.family == primary]
+    picked, widest_first = [], sorted(own, key=lambda v: -v.config.vec)  # vectors exercise the offset cases
     if p.layout == "bcl":
         for _, has in FEATURES:
             v = next((v for v in widest_first if has(v) and v not in picked), None)
@@ -48,7 +54,18 @@ def sample(p: Problem, n: int = 10):
                 picked.append(v)
     else:
         picked.append(widest_first[0])
-    return picked + rng.sample([v for v in vs if v not in picked], min(n, len(vs) - len(picked)))
+    for family in others:
+        theirs = [v for v in vs if v.family == family]
+        picked += rng.sample(theirs, min(per_family, len(theirs)))
+    rest = [v for v in vs if v not in picked]
+    return picked + rng.sample(rest, min(n, len(rest)))
+
+
+def test_every_family_that_serves_a_problem_is_sampled():
+    """The sample reaches each family: a (B, C, L) 16-bit problem of whole-vector rows at stride 1 builds window,
+    tensor-core and lane variants."""
+    names = {v.family.name for v in sample(Problem(4, 64, 1000, dtype="bf16"))}
+    assert names == {"dw1d", "dw1d_tc", "dw1d_lane"}
 
 
 @pytest.mark.parametrize("p", PROBLEMS, ids=lambda p: p.key)
