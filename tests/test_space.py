@@ -510,3 +510,16 @@ def test_digest_covers_the_partials_a_template_includes(monkeypatch):
     monkeypatch.setattr(space, "template_text",
                         lambda t: text(t) + ("// edited\n" if t == "_silu_ftz.cu.j2" else ""))
     assert v.digest != before  # an edit of the partial stales what is rendered through it
+
+
+def test_the_gpu_variant_sample_reaches_every_family():
+    """tests/gpu/test_variants_gpu.py builds a sample of each problem's space: a (B, C, L) 16-bit problem of
+    whole-vector rows at stride 1 must bring window, tensor-core and lane variants (its sampler once stopped at
+    the first family without a `vec` axis)."""
+    from dwgen.space import families_of
+    from tests.gpu.test_variants_gpu import PROBLEMS, sample
+
+    assert {v.family.name for v in sample(Problem(4, 64, 1000, dtype="bf16"))} == {"dw1d", "dw1d_tc", "dw1d_lane"}
+    for p in PROBLEMS:
+        vs = sample(p)
+        assert {v.family.name for v in vs} == {f.name for f in families_of(p)}, p.key
