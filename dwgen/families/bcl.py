@@ -10,10 +10,10 @@ from dwgen.problem import Problem
 
 TEMPLATE = "dw1d.cu.j2"
 
-# Axes as data: enumeration is their product, then the restrictions below filter it.
 # a misaligned x is read from the 16-byte boundary before it: the launch peels the head
 PEELS_MISALIGNMENT = True
 
+# Axes as data: enumeration is their product, then the restrictions below filter it.
 AXES: dict[str, tuple] = {
     "threads": (64, 128, 256, 512, 1024),
     "vec": (1, 2, 4, 8),  # elements per access; 16 bytes at most (4 floats, 8 halves)
