@@ -141,6 +141,23 @@ def test_misaligned_target_keeps_its_vectorised_kernel():
     assert frozen_check(Problem(**e["problem"]), shift=True, seed=5) == e["kernel"]
 
 
+def test_misaligned_x_on_a_tuned_problem_is_computed_by_a_kernel_that_takes_it():
+    """A tuned forward whose kernel needs a 16-byte aligned x (the lane family) hands a misaligned x to the scalar
+    generic kernel (docs/proposed/misalignedfast.diff would give it the fast one); a tuned kernel that peels the
+    head keeps it. Both match float64."""
+    kernels = {k["name"]: k for k in MANIFEST["kernels"]}
+    aligned_only = 0
+    for e in MANIFEST["entries"]:
+        p = Problem(**e["problem"])
+        if e["direction"] != "fwd" or effective_layout(p) != "bcl":
+            continue
+        peels = kernels[e["kernel"]]["peels_misalignment"]
+        aligned_only += not peels
+        expected = e["kernel"] if peels else MANIFEST["generic"]["scalar"][p.dtype]["name"]
+        assert frozen_check(p, shift=True) == expected, p.key
+    assert aligned_only > 0
+
+
 def test_strided_inputs_are_read_through_their_strides():
     import torch
 
