@@ -86,6 +86,7 @@ def _kernel_record(v: Variant) -> dict:
         "align_bytes": v.align_bytes,
         "channel_multiple": v.channel_multiple,
         "peels_misalignment": v.family.peels_misalignment,
+        "sizes_at_run_time": v.family.sizes_at_run_time,
     }
 
 

@@ -95,6 +95,39 @@ GENERIC_PROBLEMS = ((2, 5, 301, 33, 3, 7, 2, True, "bcl", 7), (1, 3, 40, 64, 4, 
                     (2, 5, 300, 33, 3, 64, 2, True, "bcl", 0), (2, 16, 130, 4, 2, 3, 1, False, "blc", 0))
 
 
+def _lent_calls(mod, entries, keys, cache) -> list[str]:
+    """Each kernel the dispatcher lends to untuned problems of its signature, called through the op on one (other
+    sizes, an odd length; the tuned padding, then the causal one): it must be the kernel chosen and compute right."""
+    import torch
+
+    failures = []
+    t = mod.tables()
+    op_bwd = torch.ops.dwgen.depthwise_conv1d_backward.default
+    for name, p, direction in entries:
+        if name not in (t.lent if direction == "fwd" else t.lent_bwd).values():
+            continue
+        multiple = t.kernels[name][1]["channel_multiple"]
+        halo = (p.kernel_size - 1) * p.dilation
+        for q in (replace(p, batch=2, channels=5 * multiple, length=777),
+                  replace(p, batch=3, channels=3 * multiple, length=1001, padding=halo, padding_right=0)):
+            if direction_key(q, direction) in keys:
+                continue
+            x, w, b = check.make_inputs(q, 0)
+            got = mod.kernel_for(x, w, b, **q.call_kwargs, direction=direction)
+            if got != name:
+                failures.append(f"{direction_key(q, direction)} (untuned) dispatches to {got}, not {name} of its "
+                                "signature")
+            if direction == "fwd":
+                with torch.no_grad():
+                    outcome = check.check(q, lambda q_, x, w, b, y: y.copy_(
+                        mod.depthwise_conv1d(x, w, b, **q_.call_kwargs)), seeds=(6,), cache=cache)
+            else:
+                outcome = check.check_backward(q, check.through_backward_op(op_bwd), seeds=(6,))
+            if not outcome.ok:
+                failures.append(f"{direction_key(q, direction)} (untuned, lent {name}): {outcome.message}")
+    return failures
+
+
 def gate(mod, log=print) -> list[str]:
     """Every failure, as one line each; empty when the module may ship."""
     import torch
@@ -142,6 +175,7 @@ def gate(mod, log=print) -> list[str]:
             outcome = check.check_backward(q, check.through_backward_op(op_bwd), seeds=(3,))
             if not outcome.ok:
                 failures.append(f"depthwise_conv1d_backward on {q.key}: {outcome.message}")
+    failures += _lent_calls(mod, entries, keys, cache)
     for dtype in mod.MANIFEST["generic"]["scalar"]:
         for b_, c_, n_, k_, s_, p_, d_, bias, layout, pr in GENERIC_PROBLEMS:
             for activation in ACTIVATIONS:

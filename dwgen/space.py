@@ -63,6 +63,13 @@ class Family:
         to the generic kernels): a family module says so with PEELS_MISALIGNMENT."""
         return getattr(self.module, "PEELS_MISALIGNMENT", False)
 
+    @property
+    def sizes_at_run_time(self) -> bool:
+        """Whether its launch takes any B, C, L, padding up to the halo a side and bias, as its edge sizes check (a
+        family module says so with SIZES_AT_RUN_TIME): the dispatcher may then lend a tuned kernel to an untuned
+        problem of the same signature (the lane families take only rows of whole vectors)."""
+        return getattr(self.module, "SIZES_AT_RUN_TIME", False)
+
     def activations(self, p: Problem) -> tuple[str, ...]:
         """The activations its launch takes at run time for p (every one unless the module says fewer): what the
         checks run it with besides its problem's own."""

@@ -147,13 +147,18 @@ def test_frozen_launcher_builds_for_every_walk(tmp_path):
     env = dict(os.environ, DWGEN_BUILD_DIR=str(tmp_path / "build"))
     (tmp_path / "build").mkdir()
     code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import frozen_walks as f; ext = f.build(); "
-            "tuned, fast = f._table_rows(f._trusted(f.MANIFEST, f._HERE, None)); "
-            "assert sorted(r[0] for r in tuned) == [0, 0, 0, 0, 1], tuned; ext.install(0, tuned, fast); "
+            "tuned, fast, lent = f._table_rows(f._trusted(f.MANIFEST, f._HERE, None)); "
+            "assert sorted(r[0] for r in tuned) == [0, 0, 0, 0, 1], tuned; "
+            "assert [r[:7] for r in lent] == [[0, 31, 1, 1, 0, 0, 0]], lent; ext.install(0, tuned, fast, lent); "
             "bad = [[1 - r[0], *r[1:]] for r in tuned]; act2 = [[*r[:12], 2, *r[13:]] for r in tuned]\n"
             "for rows in ([bad[0]], [bad[-1]], [[r[0], *r[2:]] for r in tuned], act2):\n"
-            "    try: ext.install(0, rows, fast)\n"
+            "    try: ext.install(0, rows, fast, lent)\n"
             "    except RuntimeError as e: assert any(w in str(e) for w in ('direction', 'fields', 'activation')), e\n"
             "    else: raise SystemExit(f'install took {rows}')\n"
+            "for rows in ([[1, *lent[0][1:]]], [[*lent[0][:6], 2, *lent[0][7:]]], [lent[0][1:]]):\n"
+            "    try: ext.install(0, tuned, fast, rows)\n"
+            "    except RuntimeError as e: assert any(w in str(e) for w in ('direction', 'lent')), e\n"
+            "    else: raise SystemExit(f'install took lent {rows}')\n"
             "print('built')")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -264,7 +269,7 @@ def test_a_causal_silu_winner_is_frozen_under_its_own_key_and_dispatched_only_as
     frozen_dispatch.check_manifest(m)
     t = frozen_dispatch._trusted(m, tmp_path, "9.0")
     assert t.warnings == [] and len(t.tuned) == 2 and len(t.tuned_bwd) == 1
-    tuned, _ = frozen_dispatch._table_rows(t)
+    tuned, _, _ = frozen_dispatch._table_rows(t)
     # direction, B, C, L, K, S, pad_left, pad_right, D, dtype (bf16 2), bias, layout, activation, then the choice
     heads = sorted(r[:13] for r in tuned)
     assert heads == [[0, 8, 4096, 2048, 4, 1, 3, 0, 1, 2, 0, 0, 1], [0, 8, 4096, 2048, 4, 1, 3, 3, 1, 2, 0, 0, 0],
@@ -339,3 +344,49 @@ def test_only_kernels_whose_launch_peels_the_head_are_recorded_as_taking_a_misal
     assert kernels["dw1d_lane_bf16_k4_t128_o1_row"]["peels_misalignment"] is False
     assert kernels["dw1d_lane_bf16_k4_t128_o1_row"]["align_bytes"] == 16
     assert not any(k["peels_misalignment"] for k in kernels.values() if k["signature"]["layout"] == "blc")
+
+
+def test_untuned_problems_past_the_fast_generic_kernels_borrow_a_tuned_kernel_of_their_signature(tmp_path, monkeypatch):
+    """Untuned problems with K past 9, a stride or a dilation run a tuned kernel of their signature (K, stride,
+    dilation, dtype, layout, activation) when its family takes sizes at run time: the one tuned on the largest
+    problem; a K the fast generic kernels cover keeps those; paddings past the halo and other activations keep
+    the scalar kernel, as does a record whose family does not take any size."""
+    import torch
+
+    big, small = Problem(32, 512, 1024, 31, 1, 15), Problem(8, 256, 2048, 31, 1, 15)
+    strided, short = Problem(4, 2048, 8192, 3, 2, 1), Problem(8, 64, 2048, 4, 1, 3)
+    ws = [winner(big, Config(threads=64, vec=4, outs=4, batches=2, walk="row", halo="async")),
+          winner(small, Config(threads=128, vec=4, outs=1, run=2, halo="smem")),
+          winner(strided, Config(threads=128, vec=4, outs=2, halo="l1")),
+          winner(short, Config(threads=128, vec=4, outs=1, run=2, halo="l1"))]
+    m = freeze.freeze(ws, tmp_path / "frozen_lend", log=lambda s: None)
+    assert all(k["sizes_at_run_time"] is True for k in m["kernels"])
+    mod = load_frozen(tmp_path / "frozen_lend", "dwgen_frozen_lend")
+    t = mod._trusted(m, tmp_path / "frozen_lend", "9.0")
+    assert t.lent == {(31, 1, 1, "fp32", "bcl", "none"): ws[0].variant.name,
+                      (3, 2, 1, "fp32", "bcl", "none"): ws[2].variant.name} and t.lent_bwd == {}
+    _, _, lent = mod._table_rows(t)
+    assert sorted(r[:7] for r in lent) == [[0, 3, 2, 1, 0, 0, 0], [0, 31, 1, 1, 0, 0, 0]]
+
+    def on_any_device(x, weight, bias, stride, padding, dilation, activation):  # the rule, without a GPU
+        left, right = mod._paddings(padding, weight.shape[2], stride, dilation)
+        return left, right, mod._output_length(x, weight.shape[2], left, right, stride, dilation, padding)
+
+    monkeypatch.setattr(mod, "_validate", on_any_device)
+
+    def choice(length, k, stride=1, padding=0, activation=None, channels=6):
+        x, w = torch.zeros(2, channels, length), torch.zeros(channels, 1, k)
+        return mod.kernel_for(x, w, None, stride, padding, 1, activation=activation)
+
+    scalar = m["generic"]["scalar"]["fp32"]["name"]
+    assert choice(777, 31, padding=15) == ws[0].variant.name  # other sizes, the tuned padding
+    assert choice(777, 31, padding="causal") == ws[0].variant.name  # 30 on the left, none on the right
+    assert choice(777, 31, padding=31) == scalar  # past the halo: no family's edges checked it
+    assert choice(777, 31, padding=15, activation="silu") == scalar
+    assert choice(3001, 3, stride=2, padding=1) == ws[2].variant.name
+    assert choice(3001, 3, stride=3, padding=1) == scalar
+    assert choice(3001, 4, padding=3) == m["generic"]["fast"]["fp32_bcl_k4"]  # the fast generic kernel, not a loan
+    # a family that takes only some sizes never lends: the next largest of the signature does
+    next(k for k in m["kernels"] if k["name"] == ws[0].variant.name)["sizes_at_run_time"] = False
+    t = mod._trusted(m, tmp_path / "frozen_lend", "9.0")
+    assert t.lent[31, 1, 1, "fp32", "bcl", "none"] == ws[1].variant.name

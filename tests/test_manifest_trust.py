@@ -104,7 +104,7 @@ def test_a_missing_kernel_file_is_refused(here):
 
 @pytest.mark.parametrize("field, value", [
     ("align_bytes", "16"), ("align_bytes", True), ("align_bytes", 4096), ("channel_multiple", 0),
-    ("channel_multiple", 1.0), ("peels_misalignment", 1), ("name", "x; system(1)"),
+    ("channel_multiple", 1.0), ("peels_misalignment", 1), ("sizes_at_run_time", None), ("name", "x; system(1)"),
     ("file", "../../../etc/passwd"), ("file", "kernels/evil\n.cu"), ("sha256", None),
 ])
 def test_a_kernel_record_of_the_wrong_type_is_refused(here, field, value):
@@ -232,7 +232,7 @@ def test_backward_entries_fill_the_tuned_bwd_table(here):
     t = trusted(here)
     assert t.tuned_bwd == {key(e): e["kernel"]} and t.warnings == []
     assert key(e) in t.tuned and t.tuned[key(e)] != e["kernel"]  # the forward's entry of the same problem stays
-    tuned_rows, fast_rows = frozen_dispatch._table_rows(t)
+    tuned_rows, fast_rows, lent_rows = frozen_dispatch._table_rows(t)
     assert all(len(r) == 17 and r[0] in (0, 1) for r in tuned_rows)
     assert sum(r[0] == 0 for r in tuned_rows) == len(t.tuned) and sum(r[0] == 1 for r in tuned_rows) == 1
     index, k = t.kernels[e["kernel"]]
@@ -240,7 +240,7 @@ def test_backward_entries_fill_the_tuned_bwd_table(here):
     # dtype fp32 (0), no bias, layout bcl (0), activation none (0), then the kernel's choice
     assert [r for r in tuned_rows if r[0] == 1] == [[1, 32, 512, 8192, 3, 1, 1, 1, 1, 0, 0, 0, 0, index,
                                                      k["align_bytes"], k["channel_multiple"], 0]]
-    assert all(len(r) == 8 for r in fast_rows)
+    assert all(len(r) == 8 for r in fast_rows) and all(len(r) == 11 for r in lent_rows)
 
 
 @pytest.mark.parametrize("which, fields, why", [

@@ -10,6 +10,10 @@ from dwgen.problem import Problem
 
 TEMPLATE = "dw1d.cu.j2"
 
+# B, C, L, padding (up to the halo a side) and bias are run-time arguments of its launch, checked on the edge
+# sizes below: the dispatcher may run a tuned kernel for an untuned problem of the same signature
+SIZES_AT_RUN_TIME = True
+
 # a misaligned x is read from the 16-byte boundary before it: the launch peels the head
 PEELS_MISALIGNMENT = True
 

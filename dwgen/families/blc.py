@@ -10,6 +10,10 @@ from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_cl.cu.j2"
 
+# B, C, L, padding (up to the halo a side) and bias are run-time arguments of its launch, checked on the edge
+# sizes below: the dispatcher may run a tuned kernel for an untuned problem of the same signature
+SIZES_AT_RUN_TIME = True
+
 AXES: dict[str, tuple] = {
     "threads": (64, 128, 256, 512),
     "vec": (1, 2, 4, 8),  # consecutive channels per access; 16 bytes at most

@@ -11,6 +11,10 @@ from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_bwd.cu.j2"
 
+# B, C, L, padding (up to the halo a side) and bias are run-time arguments of its launch, checked on the edge
+# sizes below: the dispatcher may run a tuned kernel for an untuned problem of the same signature
+SIZES_AT_RUN_TIME = True
+
 AXES: dict[str, tuple] = {
     "threads": (128, 256, 512),
     "outs": (2, 4, 8, 16, 32),  # positions per thread along the length

@@ -21,6 +21,11 @@ from dwgen.families import AxisConfig, tc
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_bwd_tc.cu.j2"
+
+# B, C, L, padding (up to the halo a side) and bias are run-time arguments of its launch, checked on the edge
+# sizes below: the dispatcher may run a tuned kernel for an untuned problem of the same signature
+SIZES_AT_RUN_TIME = True
+
 VEC = 8  # 16-bit elements in 16 bytes
 
 AXES: dict[str, tuple] = {

@@ -15,6 +15,10 @@ from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_tc.cu.j2"
 
+# B, C, L, padding (up to the halo a side) and bias are run-time arguments of its launch, checked on the edge
+# sizes below: the dispatcher may run a tuned kernel for an untuned problem of the same signature
+SIZES_AT_RUN_TIME = True
+
 # the launch finds x's 16-byte boundaries itself, so a misaligned x takes this kernel too
 PEELS_MISALIGNMENT = True
 

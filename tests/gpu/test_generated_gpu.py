@@ -62,13 +62,29 @@ def effective_layout(p: Problem) -> str:
     return "bcl" if p.channels == 1 or p.length == 1 else p.layout
 
 
-def expected_generic(p: Problem) -> str:
+def expected_generic(p: Problem, shift: bool = False) -> str:
+    """The kernel an untuned forward problem runs (x one element off a 16-byte boundary when shift): the fast
+    generic kernel of its dtype, layout and K, else (K past 9, a stride or a dilation) the tuned kernel of the
+    largest problem of its signature whose launch takes any size, for paddings up to the halo a side; else the
+    scalar kernel."""
+    kernels = {k["name"]: k for k in MANIFEST["kernels"]}
     fast = MANIFEST["generic"]["fast"]
     key = f"{p.dtype}_{effective_layout(p)}_k{p.kernel_size}"
-    if p.stride == 1 and p.dilation == 1 and key in fast:
-        kernel = next(k for k in MANIFEST["kernels"] if k["name"] == fast[key])
-        if p.channels % kernel["channel_multiple"] == 0:
-            return fast[key]
+    if p.stride == 1 and p.dilation == 1 and p.kernel_size <= 9:
+        candidate = fast.get(key)
+    else:
+        same = [e for e in MANIFEST["entries"] if e["direction"] == "fwd" and kernels[e["kernel"]]["sizes_at_run_time"]
+                and effective_layout(Problem(**e["problem"])) == effective_layout(p) and all(
+                    e["problem"][f] == getattr(p, f) for f in ("kernel_size", "stride", "dilation", "dtype",
+                                                               "activation"))]
+        largest = max(same, key=lambda e: e["problem"]["batch"] * e["problem"]["channels"] * e["problem"]["length"],
+                      default=None)
+        fits = max(p.padding, p.padding_right) <= (p.kernel_size - 1) * p.dilation
+        candidate = largest["kernel"] if largest is not None and fits else None
+    if candidate is not None:
+        kernel = kernels[candidate]
+        if p.channels % kernel["channel_multiple"] == 0 and (not shift or kernel["peels_misalignment"]):
+            return candidate
     return MANIFEST["generic"]["scalar"][p.dtype]["name"]
 
 
@@ -133,7 +149,7 @@ def test_misaligned_inputs(p):
     if effective_layout(p) == "blc":
         assert name == MANIFEST["generic"]["scalar"][p.dtype]["name"]
     else:
-        assert name == expected_generic(p)
+        assert name == expected_generic(p, shift=True)
 
 
 def test_misaligned_target_keeps_its_vectorised_kernel():
@@ -142,9 +158,9 @@ def test_misaligned_target_keeps_its_vectorised_kernel():
 
 
 def test_misaligned_x_on_a_tuned_problem_is_computed_by_a_kernel_that_takes_it():
-    """A tuned forward whose kernel needs a 16-byte aligned x (the lane family) hands a misaligned x to the scalar
-    generic kernel (docs/proposed/misalignedfast.diff would give it the fast one); a tuned kernel that peels the
-    head keeps it. Both match float64."""
+    """A tuned forward whose kernel needs a 16-byte aligned x (the lane family) hands a misaligned x to the fast
+    generic kernel, which peels the head, not to the scalar one; a tuned kernel that peels keeps it. Both match
+    float64."""
     kernels = {k["name"]: k for k in MANIFEST["kernels"]}
     aligned_only = 0
     for e in MANIFEST["entries"]:
@@ -153,9 +169,42 @@ def test_misaligned_x_on_a_tuned_problem_is_computed_by_a_kernel_that_takes_it()
             continue
         peels = kernels[e["kernel"]]["peels_misalignment"]
         aligned_only += not peels
-        expected = e["kernel"] if peels else MANIFEST["generic"]["scalar"][p.dtype]["name"]
+        expected = e["kernel"] if peels else expected_generic(p, shift=True)
         assert frozen_check(p, shift=True) == expected, p.key
     assert aligned_only > 0
+
+
+def test_untuned_problems_of_a_tuned_signature_past_the_fast_kernels_run_its_tuned_kernel():
+    """K past 9, a stride or a dilation has no fast generic kernel: an untuned problem of a tuned problem's
+    signature (another batch, width and an odd length; its padding, then causal) runs that tuning's kernel,
+    forward and backward, and matches float64; past the halo it runs the scalar kernel."""
+    kernels = {k["name"]: k for k in MANIFEST["kernels"]}
+    tuned = {(e["key"], e["direction"]) for e in MANIFEST["entries"]}
+    largest = {}  # (signature, direction) -> the entry that lends its kernel
+    for e in sorted(MANIFEST["entries"], key=lambda e: -e["problem"]["batch"] * e["problem"]["channels"]
+                    * e["problem"]["length"]):
+        p = Problem(**e["problem"])
+        if (p.stride > 1 or p.dilation > 1 or p.kernel_size > 9) and kernels[e["kernel"]]["sizes_at_run_time"]:
+            signature = (p.kernel_size, p.stride, p.dilation, p.dtype, effective_layout(p), p.activation)
+            largest.setdefault((signature, e["direction"]), e)
+    lent = 0
+    for e in largest.values():
+        p = Problem(**e["problem"])
+        halo = (p.kernel_size - 1) * p.dilation
+        multiple = kernels[e["kernel"]]["channel_multiple"]
+        for q in (replace(p, batch=3, channels=7 * multiple, length=1999),
+                  replace(p, batch=2, channels=5 * multiple, length=3001, padding=halo, padding_right=0)):
+            if (q.key, e["direction"]) in tuned:
+                continue
+            lent += 1
+            if e["direction"] == "bwd":
+                assert frozen_check_backward(q) == e["kernel"], q.key
+            else:
+                assert frozen_check(q) == expected_generic(q) == e["kernel"], q.key
+        if e["direction"] == "fwd":
+            past = replace(p, batch=2, channels=3 * multiple, length=999, padding=halo + 1, padding_right=halo + 1)
+            assert frozen_check(past) == MANIFEST["generic"]["scalar"][p.dtype]["name"], past.key
+    assert lent > 0
 
 
 def test_strided_inputs_are_read_through_their_strides():
