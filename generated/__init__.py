@@ -40,6 +40,9 @@ _TABLE_ROW = re.compile(r"^ {4}ENTRY_(?:FWD|BWD)\(([a-z0-9_]+)\),  // ([0-9]+)$"
 _DECLARATION = re.compile(r"^int dwgen_launch_([a-z0-9_]+)\(([^()\n]*)\);$", re.M)
 _WORKSPACE = re.compile(r"^long long dwgen_workspace_([a-z0-9_]+)\(([^()\n]*)\);$", re.M)
 _FAST_KEY = re.compile(r"(fp32|fp16|bf16)_(bcl|blc)_k([1-9])")
+FAST_MAX_K = 9  # the fast generic kernels' reach: K 1 to 9 at stride and dilation 1 (the launcher's MAX_K)
+# What a tuned kernel is lent by to untuned problems (the C++ tables' lent_key in this order)
+_SIGNATURE_FIELDS = ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
 _DIRECTIONS = ("fwd", "bwd")
 
 
@@ -97,8 +100,9 @@ def _kernel_problem(k) -> str | None:
     if not _file_record(k, _KERNEL_FILE):
         return "its name, file or sha256 is not plain"
     if not (_is_int(k.get("align_bytes"), 1) and k["align_bytes"] <= 16 and _is_int(k.get("channel_multiple"), 1)
-            and k["channel_multiple"] <= 64 and type(k.get("peels_misalignment")) is bool):
-        return "align_bytes, channel_multiple or peels_misalignment has the wrong type or range"
+            and k["channel_multiple"] <= 64 and type(k.get("peels_misalignment")) is bool
+            and type(k.get("sizes_at_run_time")) is bool):
+        return "align_bytes, channel_multiple, peels_misalignment or sizes_at_run_time has the wrong type or range"
     if k.get("direction") not in _DIRECTIONS:
         return "its direction is not fwd or bwd"
     return None
@@ -127,6 +131,31 @@ def _entry_problem(e) -> str | None:
     return None
 
 
+def _signature_key(entry_key: tuple) -> tuple:
+    """What a tuned kernel may be lent by: its entry's key without the sizes, padding and bias."""
+    f = dict(zip(_KEY_FIELDS, entry_key, strict=True))
+    return tuple(f[name] for name in _SIGNATURE_FIELDS)
+
+
+def _has_fast_generic(k: int, stride: int, dilation: int) -> bool:
+    """Whether a fast generic kernel exists for these (then it runs untuned problems: chosen by measurement)."""
+    return stride == 1 and dilation == 1 and k <= FAST_MAX_K
+
+
+def _lent_tables(t: Tables) -> None:
+    """For each signature with no fast generic kernel (K past 9, a stride or dilation), the tuned kernel of the
+    largest problem of that signature whose launch takes sizes at run time: untuned problems of the signature
+    run it rather than the scalar kernel (the gate checks each on other sizes, paddings and bias)."""
+    for tuned, lent in ((t.tuned, t.lent), (t.tuned_bwd, t.lent_bwd)):
+        for key in sorted(tuned, key=lambda e: (-e[0] * e[1] * e[2], e)):
+            f = dict(zip(_KEY_FIELDS, key, strict=True))
+            name = tuned[key]
+            if not t.kernels[name][1]["sizes_at_run_time"] or _has_fast_generic(
+                    f["kernel_size"], f["stride"], f["dilation"]):
+                continue
+            lent.setdefault(_signature_key(key), name)
+
+
 def _entry_key(p: dict) -> tuple:
     """A (checked) entry's problem as the tuned tables key it: padding_right the left padding where the entry
     does not say, activation "none"."""
@@ -153,6 +182,8 @@ class Tables:
     tuned_bwd: dict = field(default_factory=dict)  # problem key -> backward kernel name (tune.py --direction bwd)
     fast: dict = field(default_factory=dict)  # dtype_layout_kK -> kernel name
     fast_bwd: dict = field(default_factory=dict)  # the same, for the backward
+    lent: dict = field(default_factory=dict)  # signature (_SIGNATURE_FIELDS) -> a tuned forward kernel to lend
+    lent_bwd: dict = field(default_factory=dict)  # the same, for the backward
     dropped: list = field(default_factory=list)  # names of kernels that are not built: a stub stands in
     warnings: list = field(default_factory=list)
 
@@ -213,6 +244,7 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
               if name in t.kernels and t.kernels[name][1]["direction"] == "fwd"}
     t.fast_bwd = {key: name for key, name in m["generic"]["fast_bwd"].items()
                   if name in t.kernels and t.kernels[name][1]["direction"] == "bwd"}
+    _lent_tables(t)
     return t
 
 
@@ -355,8 +387,8 @@ def build(verbose: bool = False):
         finally:
             if arch_before is None:
                 del os.environ["TORCH_CUDA_ARCH_LIST"]
-        for device, (tuned, fast) in enumerate(rows):
-            ext.install(device, tuned, fast)
+        for device, (tuned, fast, lent) in enumerate(rows):
+            ext.install(device, tuned, fast, lent)
         _register_fakes()
         _ext = ext
         return _ext
@@ -371,7 +403,7 @@ def _choice_row(t: Tables, name: str) -> list[int]:
     return [index, k["align_bytes"], k["channel_multiple"], int(k["peels_misalignment"])]
 
 
-def _table_rows(t: Tables) -> tuple[list[list[int]], list[list[int]]]:
+def _table_rows(t: Tables) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     """The trusted tables as the C++ dispatcher takes them (direction, dtype and layout numbered)."""
     tuned = []
     for direction, table in ((0, t.tuned), (1, t.tuned_bwd)):
@@ -386,7 +418,13 @@ def _table_rows(t: Tables) -> tuple[list[list[int]], list[list[int]]]:
         for key, name in table.items():
             dtype, layout, k = _FAST_KEY.fullmatch(key).groups()
             fast.append([direction, _DTYPE_INDEX[dtype], _LAYOUT_INDEX[layout], int(k), *_choice_row(t, name)])
-    return tuned, fast
+    lent = []
+    for direction, table in ((0, t.lent), (1, t.lent_bwd)):
+        for key, name in table.items():
+            f = dict(zip(_SIGNATURE_FIELDS, key, strict=True))
+            lent.append([direction, f["kernel_size"], f["stride"], f["dilation"], _DTYPE_INDEX[f["dtype"]],
+                         _LAYOUT_INDEX[f["layout"]], _ACTIVATION_NAMES.index(f["activation"]), *_choice_row(t, name)])
+    return tuned, fast, lent
 
 
 def _output_layout(x) -> str:
@@ -500,16 +538,28 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     tuned = t.tuned if direction == "fwd" else t.tuned_bwd
     keys = [(*x.shape, k, stride, left, right, dilation, dtype, b, layout, activation or "none")
             for b in (bias is not None, bias is None)]
+    if x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:
+        return generic
+
+    def takes_x(name: str) -> bool:
+        kernel = t.kernels[name][1]
+        align = x.element_size() if kernel["peels_misalignment"] else kernel["align_bytes"]
+        return x.shape[1] % kernel["channel_multiple"] == 0 and x.data_ptr() % align == 0
+
     name = tuned.get(keys[0], tuned.get(keys[1]))
-    if name is None and stride == 1 and dilation == 1:
-        name = (t.fast if direction == "fwd" else t.fast_bwd).get(f"{dtype}_{layout}_k{k}")
-    if name is None or x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:
-        return generic
-    kernel = t.kernels[name][1]
-    align = x.element_size() if kernel["peels_misalignment"] else kernel["align_bytes"]
-    if x.shape[1] % kernel["channel_multiple"] != 0 or x.data_ptr() % align != 0:
-        return generic
-    return name
+    if name is not None and (takes_x(name) or direction == "bwd"):
+        return name if takes_x(name) else generic
+    # no tuned kernel, or a forward one that cannot take this x (a lane kernel and an x off a 16-byte boundary):
+    # the fast generic kernel, which peels a misaligned head over (B, C, L); where there is none, a tuned kernel
+    # of the same signature lent for paddings up to the halo a side
+    if _has_fast_generic(k, stride, dilation):
+        other = (t.fast if direction == "fwd" else t.fast_bwd).get(f"{dtype}_{layout}_k{k}")
+    elif max(left, right) <= (k - 1) * dilation:
+        other = (t.lent if direction == "fwd" else t.lent_bwd).get((k, stride, dilation, dtype, layout,
+                                                                   activation or "none"))
+    else:
+        other = None
+    return other if other is not None and takes_x(other) else generic
 
 
 _OP = None  # torch.ops.dwgen.depthwise_conv1d, once the extension is loaded: autograd, tracing, subclasses

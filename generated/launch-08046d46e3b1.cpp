@@ -457,6 +457,7 @@ struct Tables {
     bool installed = false;
     std::unordered_map<std::string, Choice> tuned[2];  // [direction] problem key (tuned_key) -> kernel
     Choice fast[2][3][2][MAX_K + 1];                    // [direction][dtype][layout][K]
+    std::unordered_map<std::string, Choice> lent[2];   // [direction] signature (lent_key) -> a tuned kernel
 };
 constexpr int MAX_DEVICES = 64;
 std::array<Tables, MAX_DEVICES> TABLES;
@@ -470,6 +471,22 @@ std::string tuned_key(int64_t B, int64_t C, int64_t L, int64_t K, int64_t S, int
                       int dtype, bool bias, int layout, int64_t act) {
     int64_t v[12] = {B, C, L, K, S, pl, pr, D, dtype, bias ? 1 : 0, layout, act};
     return std::string(reinterpret_cast<const char*>(v), sizeof(v));
+}
+
+// A signature with no fast generic kernel (K past MAX_K, a stride or a dilation) lends a tuned kernel whose launch
+// takes any sizes, padding up to the halo a side and bias (the gate checks each so) to its untuned problems.
+std::string lent_key(int64_t K, int64_t S, int64_t D, int dtype, int layout, int64_t act) {
+    int64_t v[6] = {K, S, D, dtype, layout, act};
+    return std::string(reinterpret_cast<const char*>(v), sizeof(v));
+}
+
+// Where no tuned kernel takes the call: the fast generic kernel of its dtype, layout and K, else a lent one.
+Choice untuned_choice(const Tables& t, int direction, int64_t K, int64_t S, int64_t pl, int64_t pr, int64_t D,
+                      int dt, int layout, int64_t act) {
+    if (S == 1 && D == 1 && K <= MAX_K) return t.fast[direction][dt][layout][K];
+    if (std::max(pl, pr) > (K - 1) * D) return Choice{};
+    const auto it = t.lent[direction].find(lent_key(K, S, D, dt, layout, act));
+    return it == t.lent[direction].end() ? Choice{} : it->second;
 }
 
 // The tuned kernel of a direction for this call: the one tuned with its bias, else the one with the other.
@@ -491,9 +508,10 @@ Choice choice_of(const std::vector<int64_t>& row, size_t at) {
 
 // Installed by the Python side after its manifest checks. tuned rows: direction (0 forward, 1 backward), B,
 // C, L, K, S, pad_left, pad_right, D, dtype, bias, layout, activation, then the choice (index, align, channel
-// multiple, peels); fast rows: direction, dtype, layout, K, then the choice.
+// multiple, peels); fast rows: direction, dtype, layout, K, then the choice; lent rows: direction, K, S, D, dtype,
+// layout, activation, then the choice.
 void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
-             const std::vector<std::vector<int64_t>>& fast) {
+             const std::vector<std::vector<int64_t>>& fast, const std::vector<std::vector<int64_t>>& lent) {
     DWGEN_CHECK(Error, device >= 0 && device < MAX_DEVICES, "dwgen: device ", device, " is past the ", MAX_DEVICES, " supported");
     const std::lock_guard<std::mutex> lock(INSTALL);
     Tables t;
@@ -513,6 +531,14 @@ void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
         const Choice c = choice_of(r, 4);
         DWGEN_CHECK(Error, (r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: kernel ", c.index, " has the wrong direction");
         t.fast[r[0]][r[1]][r[2]][r[3]] = c;
+    }
+    for (const auto& r : lent) {
+        DWGEN_CHECK(Error, r.size() == 11 && (r[0] == 0 || r[0] == 1) && r[1] >= 1 && r[2] >= 1 && r[3] >= 1 &&
+                        r[4] >= 0 && r[4] < 3 && (r[5] == 0 || r[5] == 1) && (r[6] == 0 || r[6] == 1),
+                    "dwgen: a bad lent table row");
+        const Choice c = choice_of(r, 7);
+        DWGEN_CHECK(Error, (r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: kernel ", c.index, " has the wrong direction");
+        t.lent[r[0]][lent_key(r[1], r[2], r[3], static_cast<int>(r[4]), static_cast<int>(r[5]), r[6])] = c;
     }
     t.installed = true;
     TABLES[device] = std::move(t);
@@ -587,20 +613,24 @@ Choice choose_fwd(const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t 
     if (layout < 0) return Choice{};
     const Tables& t = tables_for(x);
     const int dt = dtype_index(x.scalar_type());
-    Choice c = tuned_choice(t.tuned[0], x, K, S, pl, pr, D, dt, bias, layout, act);
-    if (c.index < 0 && S == 1 && D == 1 && K <= MAX_K) c = t.fast[0][dt][layout][K];
-    return fits(c, x, nullptr, Lout) ? c : Choice{};
+    const Choice c = tuned_choice(t.tuned[0], x, K, S, pl, pr, D, dt, bias, layout, act);
+    if (fits(c, x, nullptr, Lout)) return c;
+    // no tuned kernel, or one that cannot take this x (a lane kernel and an x off a 16-byte boundary): the fast
+    // generic kernel, which peels a misaligned head over (B, C, L), or a lent one
+    const Choice f = untuned_choice(t, 0, K, S, pl, pr, D, dt, layout, act);
+    return fits(f, x, nullptr, Lout) ? f : Choice{};
 }
 
 // The backward of a tuned problem (tune.py --direction bwd) runs its tuned kernel, else stride 1 and dilation
-// 1 run the fused kernel of the dtype, layout and K; grad_out must have x's layout and alignment too.
+// 1 run the fused kernel of the dtype, layout and K up to MAX_K, past it a lent one; grad_out must have x's
+// layout and alignment too.
 Choice choose_bwd(const at::Tensor& gy, const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t pl, int64_t pr,
                   int64_t D, int layout, int64_t Lout, int64_t act) {
     if (layout < 0 || layout_of(gy) != layout) return Choice{};
     const Tables& t = tables_for(x);
     const int dt = dtype_index(x.scalar_type());
     Choice c = tuned_choice(t.tuned[1], x, K, S, pl, pr, D, dt, bias, layout, act);
-    if (c.index < 0 && S == 1 && D == 1 && K <= MAX_K) c = t.fast[1][dt][layout][K];
+    if (c.index < 0) c = untuned_choice(t, 1, K, S, pl, pr, D, dt, layout, act);
     return fits(c, x, &gy, Lout) ? c : Choice{};
 }
 
