@@ -95,14 +95,32 @@ GENERIC_PROBLEMS = ((2, 5, 301, 33, 3, 7, 2, True, "bcl", 7), (1, 3, 40, 64, 4, 
                     (2, 5, 300, 33, 3, 64, 2, True, "bcl", 0), (2, 16, 130, 4, 2, 3, 1, False, "blc", 0))
 
 
+def _chosen(mod, q: Problem, direction: str) -> str:
+    """The kernel the module's dispatcher picks for q in a direction."""
+    x, w, b = check.make_inputs(q, 0)
+    return mod.kernel_for(x, w, b, **q.call_kwargs, direction=direction)
+
+
+def _through_the_op(mod, q: Problem, direction: str, seed: int, cache) -> str | None:
+    """q through the module's op (the forward, or the backward op as autograd calls it) against float64: the
+    failure as one line, or None."""
+    import torch
+
+    if direction == "fwd":
+        with torch.no_grad():
+            outcome = check.check(q, lambda q_, x, w, b, y: y.copy_(mod.depthwise_conv1d(x, w, b, **q_.call_kwargs)),
+                                  seeds=(seed,), cache=cache)
+        return None if outcome.ok else f"depthwise_conv1d on {q.key}: {outcome.message}"
+    outcome = check.check_backward(q, check.through_backward_op(torch.ops.dwgen.depthwise_conv1d_backward.default),
+                                   seeds=(seed,))
+    return None if outcome.ok else f"depthwise_conv1d_backward on {q.key}: {outcome.message}"
+
+
 def _lent_calls(mod, entries, keys, cache) -> list[str]:
     """Each kernel the dispatcher lends to untuned problems of its signature, called through the op on one (other
     sizes, an odd length; the tuned padding, then the causal one): it must be the kernel chosen and compute right."""
-    import torch
-
     failures = []
     t = mod.tables()
-    op_bwd = torch.ops.dwgen.depthwise_conv1d_backward.default
     for name, p, direction in entries:
         if name not in (t.lent if direction == "fwd" else t.lent_bwd).values():
             continue
@@ -112,19 +130,13 @@ def _lent_calls(mod, entries, keys, cache) -> list[str]:
                   replace(p, batch=3, channels=3 * multiple, length=1001, padding=halo, padding_right=0)):
             if direction_key(q, direction) in keys:
                 continue
-            x, w, b = check.make_inputs(q, 0)
-            got = mod.kernel_for(x, w, b, **q.call_kwargs, direction=direction)
+            got = _chosen(mod, q, direction)
             if got != name:
                 failures.append(f"{direction_key(q, direction)} (untuned) dispatches to {got}, not {name} of its "
                                 "signature")
-            if direction == "fwd":
-                with torch.no_grad():
-                    outcome = check.check(q, lambda q_, x, w, b, y: y.copy_(
-                        mod.depthwise_conv1d(x, w, b, **q_.call_kwargs)), seeds=(6,), cache=cache)
-            else:
-                outcome = check.check_backward(q, check.through_backward_op(op_bwd), seeds=(6,))
-            if not outcome.ok:
-                failures.append(f"{direction_key(q, direction)} (untuned, lent {name}): {outcome.message}")
+            why = _through_the_op(mod, q, direction, 6, cache)
+            if why is not None:
+                failures.append(f"{why} (untuned, lent {name})")
     return failures
 
 
@@ -158,23 +170,15 @@ def gate(mod, log=print) -> list[str]:
     calls = [(name, q, direction) for name, p, direction in entries
              for q in (p, replace(p, bias=not p.bias)) if q == p or direction_key(q, direction) not in keys]
     for name, p, direction in calls:
-        x, w, b = check.make_inputs(p, 0)
-        got = mod.kernel_for(x, w, b, **p.call_kwargs, direction=direction)
+        got = _chosen(mod, p, direction)
         if got != name:
             failures.append(f"{direction_key(p, direction)} dispatches to {got}, not its tuned {name}")
-        if direction == "fwd":
-            with torch.no_grad():
-                outcome = check.check(p, lambda q, x, w, b, y: y.copy_(
-                    mod.depthwise_conv1d(x, w, b, **q.call_kwargs)), seeds=(3,), cache=cache)
-            if not outcome.ok:
-                failures.append(f"depthwise_conv1d on {p.key}: {outcome.message}")
-            continue
-        # the backward op as autograd calls it, on the problem its kernel was tuned for, with either activation
-        # (the other one dispatches elsewhere, but must be right too)
-        for q in (p, replace(p, activation=other_activation(p))):
-            outcome = check.check_backward(q, check.through_backward_op(op_bwd), seeds=(3,))
-            if not outcome.ok:
-                failures.append(f"depthwise_conv1d_backward on {q.key}: {outcome.message}")
+        # a backward on the problem its kernel was tuned for, with either activation (the other one dispatches
+        # elsewhere, but must be right too)
+        for q in (p,) if direction == "fwd" else (p, replace(p, activation=other_activation(p))):
+            why = _through_the_op(mod, q, direction, 3, cache)
+            if why is not None:
+                failures.append(why)
     failures += _lent_calls(mod, entries, keys, cache)
     for dtype in mod.MANIFEST["generic"]["scalar"]:
         for b_, c_, n_, k_, s_, p_, d_, bias, layout, pr in GENERIC_PROBLEMS:
