@@ -390,3 +390,18 @@ def test_untuned_problems_past_the_fast_generic_kernels_borrow_a_tuned_kernel_of
     next(k for k in m["kernels"] if k["name"] == ws[0].variant.name)["sizes_at_run_time"] = False
     t = mod._trusted(m, tmp_path / "frozen_lend", "9.0")
     assert t.lent[31, 1, 1, "fp32", "bcl", "none"] == ws[1].variant.name
+
+
+def test_the_launcher_and_the_python_dispatch_agree_on_the_fast_kernels_reach_and_the_lent_rule():
+    """Both dispatchers say which K the fast generic kernels cover and when a lent kernel runs; the C++ one is
+    checked in the committed launcher's text (no compiler needed)."""
+    from dwgen import frozen_dispatch
+
+    m = freeze.read_manifest(freeze.DEFAULT_DIR)
+    text = (freeze.DEFAULT_DIR / m["launcher"]).read_text()
+    assert f"constexpr int MAX_K = {frozen_dispatch.FAST_MAX_K};" in text
+    assert frozen_dispatch._FAST_KEY.pattern.endswith(f"_k([1-{frozen_dispatch.FAST_MAX_K}])")
+    assert "if (S == 1 && D == 1 && K <= MAX_K) return t.fast[direction][dt][layout][K];" in text
+    assert "if (std::max(pl, pr) > (K - 1) * D) return Choice{};" in text
+    assert frozen_dispatch._SIGNATURE_FIELDS == ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
+    assert "int64_t v[6] = {K, S, D, dtype, layout, act};" in text
