@@ -117,17 +117,21 @@ def _through_the_op(mod, q: Problem, direction: str, seed: int, cache) -> str | 
 
 
 def _lent_calls(mod, entries, keys, cache) -> list[str]:
-    """Each kernel the dispatcher lends to untuned problems of its signature, called through the op on one (other
-    sizes, an odd length; the tuned padding, then the causal one): it must be the kernel chosen and compute right."""
+    """Each kernel the dispatcher lends to untuned problems of its signature, called through the op on three of
+    them (other sizes, odd lengths; the tuned padding as far as the halo, causal, the halo on both sides): it must
+    be the kernel chosen and compute right."""
     failures = []
     t = mod.tables()
     for name, p, direction in entries:
-        if name not in (t.lent if direction == "fwd" else t.lent_bwd).values():
-            continue
+        signature = (p.kernel_size, p.stride, p.dilation, p.dtype, p.layout, p.activation)
+        if (t.lent if direction == "fwd" else t.lent_bwd).get(signature) != name:
+            continue  # another entry of the signature lends its kernel, or none does
         multiple = t.kernels[name][1]["channel_multiple"]
         halo = (p.kernel_size - 1) * p.dilation
-        for q in (replace(p, batch=2, channels=5 * multiple, length=777),
-                  replace(p, batch=3, channels=3 * multiple, length=1001, padding=halo, padding_right=0)):
+        for q in (replace(p, batch=2, channels=5 * multiple, length=777 + halo, padding=min(p.padding, halo),
+                          padding_right=min(p.padding_right, halo)),
+                  replace(p, batch=3, channels=3 * multiple, length=1001 + halo, padding=halo, padding_right=0),
+                  replace(p, batch=1, channels=2 * multiple, length=555 + halo, padding=halo, padding_right=halo)):
             if direction_key(q, direction) in keys:
                 continue
             got = _chosen(mod, q, direction)

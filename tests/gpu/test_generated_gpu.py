@@ -62,6 +62,26 @@ def effective_layout(p: Problem) -> str:
     return "bcl" if p.channels == 1 or p.length == 1 else p.layout
 
 
+def lender_signature(e: dict) -> tuple:
+    p = Problem(**e["problem"])
+    return (p.kernel_size, p.stride, p.dilation, p.dtype, effective_layout(p), p.activation, e["direction"])
+
+
+def lenders() -> list[dict]:
+    """The entries the dispatcher uses whose kernel may lend (K past 9, a stride or a dilation; a launch that takes
+    sizes at run time), largest problem first, ties by the tables' key: the first of a signature lends."""
+    import generated
+
+    t = generated.tables()
+    kernels = {k["name"]: k for k in MANIFEST["kernels"]}
+    used = [e for e in MANIFEST["entries"]
+            if generated._entry_key(e["problem"]) in (t.tuned if e["direction"] == "fwd" else t.tuned_bwd)]
+    return sorted((e for e in used if kernels[e["kernel"]]["sizes_at_run_time"] and (
+        e["problem"]["kernel_size"] > 9 or e["problem"]["stride"] > 1 or e["problem"]["dilation"] > 1)),
+        key=lambda e: (-e["problem"]["batch"] * e["problem"]["channels"] * e["problem"]["length"],
+                       generated._entry_key(e["problem"])))
+
+
 def expected_generic(p: Problem, shift: bool = False) -> str:
     """The kernel an untuned forward problem runs (x one element off a 16-byte boundary when shift): the fast
     generic kernel of its dtype, layout and K, else (K past 9, a stride or a dilation) the tuned kernel of the
@@ -73,12 +93,8 @@ def expected_generic(p: Problem, shift: bool = False) -> str:
     if p.stride == 1 and p.dilation == 1 and p.kernel_size <= 9:
         candidate = fast.get(key)
     else:
-        same = [e for e in MANIFEST["entries"] if e["direction"] == "fwd" and kernels[e["kernel"]]["sizes_at_run_time"]
-                and effective_layout(Problem(**e["problem"])) == effective_layout(p) and all(
-                    e["problem"][f] == getattr(p, f) for f in ("kernel_size", "stride", "dilation", "dtype",
-                                                               "activation"))]
-        largest = max(same, key=lambda e: e["problem"]["batch"] * e["problem"]["channels"] * e["problem"]["length"],
-                      default=None)
+        largest = next((e for e in lenders() if lender_signature(e) == (
+            p.kernel_size, p.stride, p.dilation, p.dtype, effective_layout(p), p.activation, "fwd")), None)
         fits = max(p.padding, p.padding_right) <= (p.kernel_size - 1) * p.dilation
         candidate = largest["kernel"] if largest is not None and fits else None
     if candidate is not None:
@@ -176,24 +192,23 @@ def test_misaligned_x_on_a_tuned_problem_is_computed_by_a_kernel_that_takes_it()
 
 def test_untuned_problems_of_a_tuned_signature_past_the_fast_kernels_run_its_tuned_kernel():
     """K past 9, a stride or a dilation has no fast generic kernel: an untuned problem of a tuned problem's
-    signature (another batch, width and an odd length; its padding, then causal) runs that tuning's kernel,
-    forward and backward, and matches float64; past the halo it runs the scalar kernel."""
+    signature (another batch, width and length; its padding as far as the halo, causal, the halo on both sides)
+    runs that tuning's kernel, forward and backward, and matches float64; past the halo it runs the scalar
+    kernel."""
     kernels = {k["name"]: k for k in MANIFEST["kernels"]}
     tuned = {(e["key"], e["direction"]) for e in MANIFEST["entries"]}
     largest = {}  # (signature, direction) -> the entry that lends its kernel
-    for e in sorted(MANIFEST["entries"], key=lambda e: -e["problem"]["batch"] * e["problem"]["channels"]
-                    * e["problem"]["length"]):
-        p = Problem(**e["problem"])
-        if (p.stride > 1 or p.dilation > 1 or p.kernel_size > 9) and kernels[e["kernel"]]["sizes_at_run_time"]:
-            signature = (p.kernel_size, p.stride, p.dilation, p.dtype, effective_layout(p), p.activation)
-            largest.setdefault((signature, e["direction"]), e)
+    for e in lenders():
+        largest.setdefault(lender_signature(e), e)
     lent = 0
     for e in largest.values():
         p = Problem(**e["problem"])
         halo = (p.kernel_size - 1) * p.dilation
         multiple = kernels[e["kernel"]]["channel_multiple"]
-        for q in (replace(p, batch=3, channels=7 * multiple, length=1999),
-                  replace(p, batch=2, channels=5 * multiple, length=3001, padding=halo, padding_right=0)):
+        for q in (replace(p, batch=3, channels=7 * multiple, length=1999 + halo, padding=min(p.padding, halo),
+                          padding_right=min(p.padding_right, halo)),
+                  replace(p, batch=2, channels=5 * multiple, length=3001 + halo, padding=halo, padding_right=0),
+                  replace(p, batch=1, channels=3 * multiple, length=1501 + halo, padding=halo, padding_right=halo)):
             if (q.key, e["direction"]) in tuned:
                 continue
             lent += 1
