@@ -26,6 +26,9 @@ _TOKEN = re.compile(r"^[a-z0-9_]{1,32}$")
 
 ANY_THREADS = 256
 ANY_MAX_BLOCKS = 1 << 20
+# The generic row kernel's shared memory, in floats: a 1024-output tile's span at stride 4 with (K - 1) * D up to
+# about 2000, and its weights (24 KB: nine 256-thread blocks an SM still fit)
+ANY_SMEM_FLOATS = 6144
 NAIVE_TEMPLATE = "naive.cu.j2"
 BWD_ANY_TEMPLATE = "dw1d_bwd_any.cu.j2"
 # The generic backward's numbers: threads a block; grad_weight taps one pass over a chunk keeps in registers;
@@ -145,14 +148,14 @@ def any_name(dtype: str) -> str:
 
 def any_digest(dtype: str) -> str:
     return content_digest({"name": any_name(dtype), "threads": ANY_THREADS, "max_blocks": ANY_MAX_BLOCKS,
-                           "flags": list(NVCC_FLAGS)}, (ANY_TEMPLATE, COMMON_TEMPLATE))
+                           "smem_floats": ANY_SMEM_FLOATS, "flags": list(NVCC_FLAGS)}, (ANY_TEMPLATE, COMMON_TEMPLATE))
 
 
 def render_any(dtype: str) -> str:
     """CUDA source of the generic kernel that is correct for every problem of one element type, any layout."""
     return _ENV.get_template(ANY_TEMPLATE).render(
         template=ANY_TEMPLATE, name=any_name(dtype), digest=any_digest(dtype), threads=_cpp_int(ANY_THREADS),
-        max_blocks=_cpp_int(ANY_MAX_BLOCKS), **_generic_context(DTYPES[dtype]))
+        max_blocks=_cpp_int(ANY_MAX_BLOCKS), smem_floats=_cpp_int(ANY_SMEM_FLOATS), **_generic_context(DTYPES[dtype]))
 
 
 def _bwd_any_numbers() -> dict:

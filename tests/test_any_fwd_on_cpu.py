@@ -1,0 +1,158 @@
+"""The generic forward (templates/dw1d_any.cu.j2) run on the CPU (tests/cuda_on_cpu.h) against float64: its row
+kernel (rows contiguous along the length) at stride and dilation 1, where a window slides four taps at a time, and
+otherwise; its loop kernel over a (B, L, C) x (channels fastest), strided views and spans past shared memory."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from dwgen import render
+from dwgen.dtypes import DTYPES, torch_dtype
+from tests.cuda_on_cpu import HERE, raw
+
+MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+// argv: input file, output file, B, C, L, Lout, K, S, P, D, act, bias, then x's and y's strides
+int main(int argc, char** argv) {
+    if (argc != 19) return 2;
+    long long v[16];
+    for (int i = 0; i < 16; ++i) v[i] = std::atoll(argv[3 + i]);
+    const long long B = v[0], C = v[1], L = v[2], Lout = v[3], K = v[4], S = v[5], P = v[6], D = v[7], act = v[8];
+    const long long xs[3] = {v[10], v[11], v[12]}, ys[3] = {v[13], v[14], v[15]};
+    const long long e = sizeof(T_);
+    // x's storage: from element 0 to its last element by its strides
+    const long long xn = (B - 1) * xs[0] + (C - 1) * xs[1] + (L - 1) * xs[2] + 1, yn = B * C * Lout;
+    FILE* in = std::fopen(argv[1], "rb");
+    void* x = std::aligned_alloc(64, (xn * e + 63) / 64 * 64 + 64);
+    void* w = std::aligned_alloc(64, (C * K * e + 63) / 64 * 64 + 64);
+    void* b = std::aligned_alloc(64, (C * e + 63) / 64 * 64 + 64);
+    void* y = std::aligned_alloc(64, (yn * e + 63) / 64 * 64 + 64);
+    if (std::fread(x, e, xn, in) != static_cast<size_t>(xn) || std::fread(w, e, C * K, in) != static_cast<size_t>(C * K) ||
+        std::fread(b, e, C, in) != static_cast<size_t>(C)) return 3;
+    if (CAT(dwgen_launch_, NAME)(x, w, v[9] ? b : nullptr, y, B, C, L, Lout, K, S, P, D, act, xs, ys, nullptr) != 0) return 4;
+    FILE* out = std::fopen(argv[2], "wb");
+    std::fwrite(y, e, yn, out);
+    std::fclose(out);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("any_fwd")
+    out = {}
+    for dtype in ("fp32", "bf16"):
+        name = render.any_name(dtype)
+        src = re.sub(r"#include <cuda[^>]*>\n", "", render.render_any(dtype))
+        src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
+        path, exe = tmp / f"{name}.cpp", tmp / name
+        path.write_text('#include "cuda_on_cpu.h"\n' + src + f"\nusing T_ = {DTYPES[dtype].storage};\n" + MAIN)
+        proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
+                               f"-DNAME={name}", "-o", str(exe), str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[dtype] = exe
+    return out, tmp
+
+
+def run(binaries, dtype, x, w, b, k, stride, left, right, dilation, act=0, layout_out="bcl"):
+    """The generic forward on x (any strides), its result in (B, C, L) or (B, L, C) memory."""
+    import torch
+
+    exes, tmp = binaries
+    bsz, ch, length = x.shape
+    lout = (length + left + right - dilation * (k - 1) - 1) // stride + 1
+    storage = torch.as_strided(x, (x.untyped_storage().nbytes() // x.element_size() - x.storage_offset(),), (1,),
+                               x.storage_offset())
+    n = (bsz - 1) * x.stride(0) + (ch - 1) * x.stride(1) + (length - 1) * x.stride(2) + 1
+    (tmp / "in").write_bytes(raw(storage[:n]) + raw(w) + raw(b if b is not None else torch.zeros(ch, dtype=x.dtype)))
+    ys = (ch * lout, lout, 1) if layout_out == "bcl" else (ch * lout, 1, ch)
+    args = [bsz, ch, length, lout, k, stride, left, dilation, act, int(b is not None), *x.stride(), *ys]
+    proc = subprocess.run([str(exes[dtype]), str(tmp / "in"), str(tmp / "out"), *map(str, args)], capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = (tmp / "out").read_bytes()
+    flat = torch.frombuffer(bytearray(data), dtype=torch.int16 if DTYPES[dtype].bytes == 2 else torch.float32)
+    flat = flat.view(x.dtype)
+    return flat.view(bsz, ch, lout) if layout_out == "bcl" else flat.view(bsz, lout, ch).transpose(1, 2)
+
+
+def reference(x, w, b, stride, left, right, dilation, act=0):
+    import torch
+    import torch.nn.functional as F
+
+    xp = F.pad(x.double(), (left, right))
+    y = F.conv1d(xp, w.double(), None if b is None else b.double(), stride, 0, dilation, groups=x.shape[1])
+    return y * torch.sigmoid(y) if act else y
+
+
+def check(binaries, dtype, x, w, b, k, stride, left, right, dilation, act=0, layout_out="bcl"):
+    y = run(binaries, dtype, x, w, b, k, stride, left, right, dilation, act, layout_out).double()
+    ref = reference(x, w, b, stride, left, right, dilation, act)
+    assert y.shape == ref.shape
+    tol = 1e-5 if dtype == "fp32" else 2.0**-7
+    err = ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    assert err <= tol, (dtype, x.shape, k, stride, left, right, dilation, err)
+
+
+def inputs(dtype, bsz, ch, length, k, bias=True, seed=0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    t = torch_dtype(dtype)
+    x = torch.randn(bsz, ch, length, generator=g).to(t)
+    w = torch.randn(ch, 1, k, generator=g).to(t)
+    return x, w, (torch.randn(ch, generator=g).to(t) if bias else None)
+
+
+# (B, C, L, K, stride, left, right, dilation): the row kernel's window (stride and dilation 1, every K % 4,
+# tiles of 1024 and a partial one, paddings past the halo, causal), then its general loop (a stride, a dilation)
+ROWS = [(2, 3, 1500, 1, 1, 0, 0, 1), (2, 3, 1500, 2, 1, 1, 0, 1), (1, 2, 2100, 5, 1, 2, 2, 1),
+        (2, 2, 1030, 13, 1, 6, 6, 1), (1, 3, 700, 31, 1, 30, 0, 1), (1, 1, 40, 31, 1, 40, 3, 1),
+        (2, 2, 999, 64, 1, 31, 32, 1), (1, 3, 1800, 3, 2, 1, 1, 1), (2, 2, 3001, 5, 3, 4, 0, 2),
+        (1, 2, 900, 7, 4, 9, 9, 8)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", ROWS, ids=lambda c: "x".join(map(str, c)))
+def test_the_row_kernel_matches_float64(binaries, dtype, case):
+    bsz, ch, length, k, stride, left, right, dilation = case
+    x, w, b = inputs(dtype, bsz, ch, length, k, bias=length % 2 == 0)
+    check(binaries, dtype, x, w, b, k, stride, left, right, dilation, act=int(k == 5))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_b_l_c_x_takes_the_loop_kernel_with_channels_fastest(binaries, dtype):
+    x, w, b = inputs(dtype, 2, 24, 333, 9)
+    blc = x.transpose(1, 2).contiguous().transpose(1, 2)
+    check(binaries, dtype, blc, w, b, 9, 1, 4, 4, 1, layout_out="blc")
+    x, w, b = inputs(dtype, 2, 16, 500, 3, seed=1)
+    check(binaries, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 3, 3, 1, 1, 2, layout_out="blc")
+
+
+def test_strided_views_and_spans_past_shared_memory_take_the_loop_kernel(binaries):
+    import torch
+
+    x, w, b = inputs("fp32", 2, 3, 2000, 5, seed=2)
+    check(binaries, "fp32", x[..., ::2], w, b, 5, 1, 2, 2, 1)  # every other element: stride 2 along the length
+    x, w, b = inputs("fp32", 1, 2, 9000, 64, seed=3)
+    assert render.ANY_SMEM_FLOATS < 1023 * 4 + 63 * 40  # stride 4, dilation 40: the span does not fit
+    check(binaries, "fp32", x, w, b, 64, 4, 10, 10, 40)
+    assert torch.isfinite(x).all()
+
+
+def test_an_inf_past_the_last_tap_stays_out_of_the_sum(binaries):
+    """The window's last step loads taps past K: they must not be multiplied in (0 * Inf is NaN)."""
+    import torch
+
+    x, w, b = inputs("fp32", 1, 1, 1100, 5, seed=4)
+    x[0, 0, 600] = float("inf")
+    y = run(binaries, "fp32", x, w, b, 5, 1, 2, 2, 1).double()
+    ref = reference(x, w, b, 1, 2, 2, 1)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    assert ((y - ref)[finite].abs().max() / ref[finite].abs().max()).item() <= 1e-5
