@@ -160,7 +160,7 @@ def render_any(dtype: str) -> str:
 
 def _bwd_any_numbers() -> dict:
     return {"threads": BWD_ANY_THREADS, "taps": BWD_ANY_TAPS, "max_blocks": ANY_MAX_BLOCKS,
-            "min_chunk": BWD_ANY_MIN_CHUNK, "target_blocks": BWD_ANY_TARGET_BLOCKS}
+            "min_chunk": BWD_ANY_MIN_CHUNK, "target_blocks": BWD_ANY_TARGET_BLOCKS, "smem_floats": ANY_SMEM_FLOATS}
 
 
 def bwd_any_name(dtype: str) -> str:

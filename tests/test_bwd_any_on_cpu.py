@@ -1,0 +1,160 @@
+"""The generic backward (templates/dw1d_bwd_any.cu.j2) run on the CPU (tests/cuda_on_cpu.h) against float64
+autograd: its staged kernels (stride 1, any dilation: grad_x and the weight partials from shared memory, chunks
+crossing rows), the unstaged ones they fall back to (a stride, a span past shared memory, rows shorter than a
+block), SiLU's gated gradient, and strided (B, L, C) views."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from dwgen import render
+from dwgen.dtypes import DTYPES, torch_dtype
+from tests.cuda_on_cpu import HERE, raw
+
+MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+static void* alloc(long long n) { return std::aligned_alloc(64, static_cast<size_t>((n + 63) / 64 * 64 + 64)); }
+static void* slurp(FILE* f, long long n) {
+    void* p = alloc(n);
+    if (n > 0 && std::fread(p, 1, static_cast<size_t>(n), f) != static_cast<size_t>(n)) std::exit(3);
+    return p;
+}
+// argv: input file, output file, B, C, L, Lout, K, S, P, D, act, bias, then the strides of x, grad_out, grad_x,
+// and the elements of x's and grad_out's storage
+int main(int argc, char** argv) {
+    if (argc != 24) return 2;
+    long long v[21];
+    for (int i = 0; i < 21; ++i) v[i] = std::atoll(argv[3 + i]);
+    const long long B = v[0], C = v[1], L = v[2], Lout = v[3], K = v[4], S = v[5], P = v[6], D = v[7], act = v[8];
+    const long long xs[3] = {v[10], v[11], v[12]}, gys[3] = {v[13], v[14], v[15]}, gxs[3] = {v[16], v[17], v[18]};
+    const long long e = sizeof(T_), xn = v[19], gyn = v[20];
+    FILE* in = std::fopen(argv[1], "rb");
+    void* x = slurp(in, xn * e);
+    void* gy = slurp(in, gyn * e);
+    void* w = slurp(in, C * K * e);
+    void* b = slurp(in, C * e);
+    void* gx = alloc(B * C * L * e);
+    void* gw = alloc(C * K * e);
+    void* gb = alloc(C * e);
+    void* work = alloc(CAT(dwgen_workspace_, NAME)(B, C, L, Lout, K, S, P, D, act) * 4);
+    if (CAT(dwgen_launch_, NAME)(gy, x, w, v[9] ? b : nullptr, gx, gw, gb, work, B, C, L, Lout, K, S, P, D, act, xs,
+                                 gys, gxs, nullptr) != 0) return 4;
+    FILE* out = std::fopen(argv[2], "wb");
+    std::fwrite(gx, e, B * C * L, out);
+    std::fwrite(gw, e, C * K, out);
+    std::fwrite(gb, e, C, out);
+    std::fclose(out);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bwd_any")
+    out = {}
+    for dtype in ("fp32", "bf16"):
+        name = render.bwd_any_name(dtype)
+        src = re.sub(r"#include <cuda[^>]*>\n", "", render.render_bwd_any(dtype))
+        src = re.sub(r"([\w<>]+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
+        path, exe = tmp / f"{name}.cpp", tmp / name
+        path.write_text('#include "cuda_on_cpu.h"\n' + src + f"\nusing T_ = {DTYPES[dtype].storage};\n" + MAIN)
+        proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
+                               f"-DNAME={name}", "-o", str(exe), str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[dtype] = exe
+    return out, tmp
+
+
+def _storage(t):
+    """t's elements from its first to its last by its strides, and how many."""
+    import torch
+
+    n = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1
+    flat = torch.as_strided(t, (n,), (1,), t.storage_offset())
+    return raw(flat), n
+
+
+def run(binaries, dtype, x, gy, w, b, k, stride, left, dilation, act):
+    """grad_x (B, C, L contiguous), grad_w and grad_b of the generic backward; x and gy with any strides."""
+    import torch
+
+    exes, tmp = binaries
+    bsz, ch, length = x.shape
+    lout = gy.shape[2]
+    xb, xn = _storage(x)
+    gb_, gyn = _storage(gy)
+    (tmp / "in").write_bytes(xb + gb_ + raw(w) + raw(b if b is not None else torch.zeros(ch, dtype=x.dtype)))
+    args = [bsz, ch, length, lout, k, stride, left, dilation, act, int(b is not None), *x.stride(), *gy.stride(),
+            ch * length, length, 1, xn, gyn]
+    proc = subprocess.run([str(exes[dtype]), str(tmp / "in"), str(tmp / "out"), *map(str, args)], capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    flat = torch.frombuffer(bytearray((tmp / "out").read_bytes()),
+                            dtype=torch.int16 if DTYPES[dtype].bytes == 2 else torch.float32).view(x.dtype)
+    n = bsz * ch * length
+    return flat[:n].view(bsz, ch, length), flat[n:n + ch * k].view(ch, 1, k), flat[n + ch * k:]
+
+
+def reference(x, gy, w, b, stride, left, right, dilation, act):
+    import torch
+    import torch.nn.functional as F
+
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    bd = (b if b is not None else torch.zeros(x.shape[1], dtype=x.dtype)).double().requires_grad_()
+    y = F.conv1d(F.pad(xd, (left, right)), wd, bd, stride, 0, dilation, groups=x.shape[1])
+    if act:
+        y = F.silu(y)
+    y.backward(gy.double())
+    return xd.grad, wd.grad, bd.grad
+
+
+def check(binaries, dtype, bsz, ch, length, k, stride, left, right, dilation, act=0, bias=True, layout="bcl", seed=0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    t = torch_dtype(dtype)
+    x = torch.randn(bsz, ch, length, generator=g).to(t)
+    w = torch.randn(ch, 1, k, generator=g).to(t)
+    b = torch.randn(ch, generator=g).to(t) if bias else None
+    lout = (length + left + right - dilation * (k - 1) - 1) // stride + 1
+    gy = torch.randn(bsz, ch, lout, generator=g).to(t)
+    if layout == "blc":
+        x, gy = (v.transpose(1, 2).contiguous().transpose(1, 2) for v in (x, gy))
+    got = run(binaries, dtype, x, gy, w, b, k, stride, left, dilation, act)
+    ref = reference(x, gy, w, b, stride, left, right, dilation, act)
+    tol = 1e-5 if dtype == "fp32" else 2.0**-7
+    for name, a, r in zip(("grad_x", "grad_w", "grad_b"), got, ref, strict=True):
+        err = ((a.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+        assert err <= tol, (name, dtype, x.shape, k, stride, left, right, dilation, act, err)
+
+
+# (B, C, L, K, stride, left, right, dilation): staged (stride 1: one chunk crossing rows, two chunks, K past
+# TAPS, causal, a dilation, K 1, a long reach), then unstaged (a stride, a reach past shared memory, rows
+# shorter than a block's threads, where grad_x stays staged and the partials do not)
+CASES = [(2, 2, 1500, 15, 1, 7, 7, 1), (3, 2, 2000, 4, 1, 3, 0, 1), (1, 3, 1100, 31, 1, 15, 15, 1),
+         (2, 2, 900, 5, 1, 8, 0, 2), (1, 2, 700, 1, 1, 0, 0, 1), (1, 1, 2500, 64, 1, 30, 30, 40),
+         (2, 2, 1300, 3, 2, 1, 1, 1), (1, 1, 6000, 9, 1, 4, 4, 600), (3, 2, 200, 7, 1, 3, 3, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_the_generic_backward_matches_float64(binaries, dtype, case):
+    bsz, ch, length, k, stride, left, right, dilation = case
+    check(binaries, dtype, bsz, ch, length, k, stride, left, right, dilation, bias=length % 2 == 0)
+
+
+def test_silu_and_b_l_c_views_through_the_staged_kernels(binaries):
+    check(binaries, "fp32", 2, 3, 1200, 9, 1, 8, 0, 1, act=1, seed=1)  # the gated gradient from the fp32 buffer
+    check(binaries, "bf16", 2, 8, 1000, 6, 1, 3, 2, 1, layout="blc", seed=2)
+    check(binaries, "fp32", 2, 4, 300, 4, 3, 3, 0, 2, act=1, layout="blc", seed=3)
+
+
+def test_the_staging_rule():
+    """Stride 1 with a reach (K - 1) * D inside shared memory beside a tile: what CASES relies on."""
+    room = render.ANY_SMEM_FLOATS - 2 * render.BWD_ANY_THREADS * 4
+    assert 63 * 40 <= room < 8 * 600
