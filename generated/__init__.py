@@ -131,10 +131,9 @@ def _entry_problem(e) -> str | None:
     return None
 
 
-def _signature_key(entry_key: tuple) -> tuple:
-    """What a tuned kernel may be lent by: its entry's key without the sizes, padding and bias."""
-    f = dict(zip(_KEY_FIELDS, entry_key, strict=True))
-    return tuple(f[name] for name in _SIGNATURE_FIELDS)
+def _signature(fields: dict) -> tuple:
+    """What a tuned kernel may be lent by (the lent tables' key): a problem without its sizes, padding and bias."""
+    return tuple(fields[name] for name in _SIGNATURE_FIELDS)
 
 
 def _has_fast_generic(k: int, stride: int, dilation: int) -> bool:
@@ -153,7 +152,7 @@ def _lent_tables(t: Tables) -> None:
             if not t.kernels[name][1]["sizes_at_run_time"] or _has_fast_generic(
                     f["kernel_size"], f["stride"], f["dilation"]):
                 continue
-            lent.setdefault(_signature_key(key), name)
+            lent.setdefault(_signature(f), name)
 
 
 def _entry_key(p: dict) -> tuple:
@@ -547,16 +546,18 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
         return x.shape[1] % kernel["channel_multiple"] == 0 and x.data_ptr() % align == 0
 
     name = tuned.get(keys[0], tuned.get(keys[1]))
-    if name is not None and (takes_x(name) or direction == "bwd"):
-        return name if takes_x(name) else generic
+    if name is not None and takes_x(name):
+        return name
+    if name is not None and direction == "bwd":  # a tuned backward that cannot take x: the scalar one, as C++ does
+        return generic
     # no tuned kernel, or a forward one that cannot take this x (a lane kernel and an x off a 16-byte boundary):
     # the fast generic kernel, which peels a misaligned head over (B, C, L); where there is none, a tuned kernel
     # of the same signature lent for paddings up to the halo a side
     if _has_fast_generic(k, stride, dilation):
         other = (t.fast if direction == "fwd" else t.fast_bwd).get(f"{dtype}_{layout}_k{k}")
     elif max(left, right) <= (k - 1) * dilation:
-        other = (t.lent if direction == "fwd" else t.lent_bwd).get((k, stride, dilation, dtype, layout,
-                                                                   activation or "none"))
+        other = (t.lent if direction == "fwd" else t.lent_bwd).get(_signature(dict(
+            kernel_size=k, stride=stride, dilation=dilation, dtype=dtype, layout=layout, activation=activation or "none")))
     else:
         other = None
     return other if other is not None and takes_x(other) else generic
