@@ -132,6 +132,9 @@ def test_a_b_l_c_x_takes_the_loop_kernel_with_channels_fastest(binaries, dtype):
     check(binaries, dtype, blc, w, b, 9, 1, 4, 4, 1, layout_out="blc")
     x, w, b = inputs(dtype, 2, 16, 500, 3, seed=1)
     check(binaries, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 3, 3, 1, 1, 2, layout_out="blc")
+    # more channels than a block's threads: one position a block, each thread two channels
+    x, w, b = inputs(dtype, 1, render.ANY_THREADS + 44, 40, 5, seed=5)
+    check(binaries, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 5, 2, 2, 2, 1, layout_out="blc")
 
 
 def test_strided_views_and_spans_past_shared_memory_take_the_loop_kernel(binaries):
