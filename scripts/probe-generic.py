@@ -1,6 +1,6 @@
 """The generic kernels (templates/dw1d_any.cu.j2, dw1d_bwd_any.cu.j2) through the committed module, for Nsight
-Compute (not a benchmark): the untuned-signature rows of benchmarks/untuned.txt and the K15 backward, each call
-made once outside and once inside an NVTX range named probe.
+Compute (not a benchmark): the untuned-signature rows of benchmarks/untuned.txt and the K15 backward (the op's
+backward called directly), each call made once outside and once inside an NVTX range named probe.
 
     ncu --nvtx --nvtx-include probe/ python scripts/probe-generic.py
 """
@@ -28,10 +28,9 @@ def step(case) -> None:
     if layout == "blc":
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
     w = torch.randn(c, 1, k, device="cuda", dtype=dtype)
-    x.requires_grad_(backward)
     y = depthwise_conv1d(x, w, None, stride, pad, dil)
-    if backward:
-        y.backward(torch.randn_like(y))
+    if backward:  # the op's backward called here, not by autograd's thread: NVTX ranges are per thread
+        torch.ops.dwgen.depthwise_conv1d_backward(torch.randn_like(y), x, w, None, stride, pad, pad, dil, 0)
 
 
 for case in CASES:
