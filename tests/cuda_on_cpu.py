@@ -60,13 +60,25 @@ def cpu_source(v: Variant, main: str) -> str:
     return '#include "cuda_on_cpu.h"\n' + src + PRELUDE + main.replace("{{ storage }}", DTYPES[v.problem.dtype].storage)
 
 
-def build(v: Variant, tmp: Path, main: str) -> Path:
-    src, exe = tmp / f"{v.name}.cpp", tmp / v.name
-    src.write_text(cpu_source(v, main))
+def _compile(name: str, text: str, tmp: Path) -> Path:
+    """g++ build of a CPU test program (its text includes cuda_on_cpu.h), with NAME defined as name."""
+    src, exe = tmp / f"{name}.cpp", tmp / name
+    src.write_text(text)
     proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
-                           f"-DNAME={v.name}", "-o", str(exe), str(src)], capture_output=True, text=True)
+                           f"-DNAME={name}", "-o", str(exe), str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return exe
+
+
+def build(v: Variant, tmp: Path, main: str) -> Path:
+    return _compile(v.name, cpu_source(v, main), tmp)
+
+
+def build_generic(name: str, source: str, dtype: str, main: str, tmp: Path) -> Path:
+    """A generic kernel's rendered source (templated launches included) with main after it, T_ its element type."""
+    src = re.sub(r"#include <cuda[^>]*>\n", "", source)
+    src = re.sub(r"([\w<>]+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
+    return _compile(name, '#include "cuda_on_cpu.h"\n' + src + f"\nusing T_ = {DTYPES[dtype].storage};\n" + main, tmp)
 
 
 def build_all(variants: list[Variant], tmp: Path, main: str) -> dict[str, Path]:

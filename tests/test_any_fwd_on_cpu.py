@@ -3,14 +3,13 @@ kernel (rows contiguous along the length) at stride and dilation 1, where a wind
 otherwise; its loop kernel over a (B, L, C) x (channels fastest), strided views and spans past shared memory."""
 from __future__ import annotations
 
-import re
 import subprocess
 
 import pytest
 
 from dwgen import render
 from dwgen.dtypes import DTYPES, torch_dtype
-from tests.cuda_on_cpu import HERE, raw
+from tests.cuda_on_cpu import build_generic, raw
 
 MAIN = r"""
 #include <cstdio>
@@ -46,17 +45,8 @@ int main(int argc, char** argv) {
 @pytest.fixture(scope="module")
 def binaries(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("any_fwd")
-    out = {}
-    for dtype in ("fp32", "bf16"):
-        name = render.any_name(dtype)
-        src = re.sub(r"#include <cuda[^>]*>\n", "", render.render_any(dtype))
-        src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
-        path, exe = tmp / f"{name}.cpp", tmp / name
-        path.write_text('#include "cuda_on_cpu.h"\n' + src + f"\nusing T_ = {DTYPES[dtype].storage};\n" + MAIN)
-        proc = subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-w", f"-I{HERE}",
-                               f"-DNAME={name}", "-o", str(exe), str(path)], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        out[dtype] = exe
+    out = {dtype: build_generic(render.any_name(dtype), render.render_any(dtype), dtype, MAIN, tmp)
+           for dtype in ("fp32", "bf16")}
     return out, tmp
 
 
