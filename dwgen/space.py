@@ -67,7 +67,8 @@ class Family:
     def sizes_at_run_time(self) -> bool:
         """Whether its launch takes any B, C, L, padding up to the halo a side and bias, as its edge sizes check (a
         family module says so with SIZES_AT_RUN_TIME): the dispatcher may then lend a tuned kernel to an untuned
-        problem of the same signature (the lane families take only rows of whole vectors)."""
+        problem of the same signature (the lane families take only rows of whole vectors). The gate calls each
+        lent kernel with the halo as padding too, which the edge sizes reach only at dilation 1."""
         return getattr(self.module, "SIZES_AT_RUN_TIME", False)
 
     def activations(self, p: Problem) -> tuple[str, ...]:

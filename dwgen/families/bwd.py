@@ -11,10 +11,7 @@ from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_bwd.cu.j2"
 
-# B, C, L, padding (up to the halo a side) and bias are run-time arguments of its launch, checked on the edge
-# sizes below: the dispatcher may run a tuned kernel for an untuned problem of the same signature (the gate
-# calls each such kernel with the halo as padding too, which the edge sizes reach only at dilation 1)
-SIZES_AT_RUN_TIME = True
+SIZES_AT_RUN_TIME = True  # its launch takes any sizes, padding up to the halo and bias (Family.sizes_at_run_time)
 
 AXES: dict[str, tuple] = {
     "threads": (128, 256, 512),
