@@ -54,6 +54,9 @@ inline unsigned __float_as_uint(float f) {
     std::memcpy(&u, &f, 4);
     return u;
 }
+inline unsigned __umulhi(const unsigned a, const unsigned b) {  // the high 32 bits of the product
+    return static_cast<unsigned>(static_cast<unsigned long long>(a) * b >> 32);
+}
 // Byte i of the result is byte (s >> 4i) & 7 of the eight bytes y:x.
 inline unsigned __byte_perm(const unsigned x, const unsigned y, const unsigned s) {
     const unsigned long long both = (static_cast<unsigned long long>(y) << 32) | x;

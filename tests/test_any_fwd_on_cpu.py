@@ -1,6 +1,7 @@
 """The generic forward (templates/dw1d_any.cu.j2) run on the CPU (tests/cuda_on_cpu.h) against float64: its row
 kernel (rows contiguous along the length) at stride and dilation 1, where a window slides four taps at a time, and
-otherwise; its loop kernel over a (B, L, C) x (channels fastest), strided views and spans past shared memory."""
+otherwise; its loop kernel over a (B, L, C) x (channels fastest), strided views and spans past shared memory; the
+loop kernel's 32-bit quotients by a multiply-high against plain division."""
 from __future__ import annotations
 
 import subprocess
@@ -122,7 +123,7 @@ def test_a_b_l_c_x_takes_the_loop_kernel_with_channels_fastest(binaries, dtype):
     check(binaries, dtype, blc, w, b, 9, 1, 4, 4, 1, layout_out="blc")
     x, w, b = inputs(dtype, 2, 16, 500, 3, seed=1)
     check(binaries, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 3, 3, 1, 1, 2, layout_out="blc")
-    # more channels than a block's threads: one position a block, each thread two channels
+    # more channels than a block's threads
     x, w, b = inputs(dtype, 1, render.ANY_THREADS + 44, 40, 5, seed=5)
     check(binaries, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 5, 2, 2, 2, 1, layout_out="blc")
 
@@ -149,3 +150,44 @@ def test_an_inf_past_the_last_tap_stays_out_of_the_sum(binaries):
     assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
     finite = torch.isfinite(ref)
     assert ((y - ref)[finite].abs().max() / ref[finite].abs().max()).item() <= 1e-5
+
+
+DIVISION = r"""
+#include <cstdio>
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+// The narrow loop kernel's quotient against plain division, every divisor and dividend below 2^31 of interest:
+// small divisors, powers of two and their neighbours, the largest, and pseudo-random ones; prints the mismatches.
+int main() {
+    using namespace CAT(NAME, _ns);
+    const long long top = 0x7fffffffLL;
+    unsigned long long state = 12345;
+    auto rnd = [&]() { state = state * 6364136223846793005ULL + 1442695040888963407ULL; return (long long)(state >> 33); };
+    long long divisors[8000], bad = 0, checked = 0, nd = 0;
+    for (long long d = 1; d <= 5000; ++d) divisors[nd++] = d;
+    for (int s = 1; s <= 30; ++s) for (long long e = -1; e <= 1; ++e) divisors[nd++] = (1LL << s) + e;
+    divisors[nd++] = top;
+    for (int i = 0; i < 1000; ++i) divisors[nd++] = rnd() % top + 1;
+    for (long long i = 0; i < nd; ++i) {
+        const long long d = divisors[i];
+        const DivNarrow by = narrow(d);
+        auto probe = [&](long long n) {
+            if (n < 0 || n > top) return;
+            ++checked;
+            if (by.q(static_cast<int>(n)) != n / d && bad++ < 5) std::printf("d %lld n %lld\n", d, n);
+        };
+        for (long long n = 0; n < 300; ++n) probe(n), probe(top - n);
+        for (long long k = 1; k < 40; ++k) probe(k * d - 1), probe(k * d), probe(top / d * d - k);
+        for (int j = 0; j < 200; ++j) probe(rnd() % (top + 1));
+    }
+    std::printf("checked %lld bad %lld\n", checked, bad);
+    return bad != 0;
+}
+"""
+
+
+def test_the_narrow_quotient_is_exact_below_2_to_the_31(tmp_path):
+    exe = build_generic(render.any_name("fp32"), render.render_any("fp32"), "fp32", DIVISION, tmp_path)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "bad 0" in proc.stdout and int(proc.stdout.split()[1]) > 5_000_000

@@ -249,15 +249,20 @@ def test_empty_inputs_return_empty_results(dtype):
     assert y.shape == (0, 8, 100) and y.dtype == x.dtype
 
 
-def test_64_bit_indexing_past_2_to_the_31_elements():
-    """2**31 + 1024 fp16 elements: the generic kernel indexes in 64 bits; check the channel past 2**31."""
+@pytest.mark.parametrize("layout", ["bcl", "blc"])
+def test_64_bit_indexing_past_2_to_the_31_elements(layout):
+    """2**31 + 1024 fp16 elements: the generic kernels (the row kernel over (B, C, L), the loop over (B, L, C))
+    index in 64 bits; check the channel whose elements lie past 2**31 (all of it, or every other one)."""
     import torch
     import torch.nn.functional as F
 
     import generated
 
     length = 2**30 + 512
-    x = torch.randn(1, 2, length, device="cuda", dtype=torch.float16)
+    if layout == "bcl":
+        x = torch.randn(1, 2, length, device="cuda", dtype=torch.float16)
+    else:
+        x = torch.randn(1, length, 2, device="cuda", dtype=torch.float16).transpose(1, 2)
     w = torch.randn(2, 1, 3, device="cuda", dtype=torch.float16)
     y = generated.depthwise_conv1d(x, w, padding=1)
     ref = F.conv1d(x[:, 1:].double(), w[1:].double(), padding=1)
