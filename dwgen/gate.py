@@ -123,7 +123,7 @@ def _lent_calls(mod, entries, keys, cache) -> list[str]:
     failures = []
     t = mod.tables()
     for name, p, direction in entries:
-        signature = (p.kernel_size, p.stride, p.dilation, p.dtype, p.layout, p.activation)
+        signature = mod._signature({f: getattr(p, f) for f in mod._SIGNATURE_FIELDS})
         if (t.lent if direction == "fwd" else t.lent_bwd).get(signature) != name:
             continue  # another entry of the signature lends its kernel, or none does
         multiple = t.kernels[name][1]["channel_multiple"]
