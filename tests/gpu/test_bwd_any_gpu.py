@@ -101,7 +101,7 @@ def build_library(dtype: str, where):
                               where, arch)
     assert b.ok, b.log
     ws = ctypes.CDLL(b.library)[f"dwgen_workspace_{name}"]
-    ws.restype, ws.argtypes = ctypes.c_longlong, [ctypes.c_longlong] * 8
+    ws.restype, ws.argtypes = ctypes.c_longlong, [ctypes.c_longlong] * 9  # B, C, L, Lout, K, S, P, D, act
     return Library(b.library, f"dwgen_launch_{name}", KINDS), ws
 
 
@@ -162,8 +162,8 @@ def launch(libs, c: Case, x, w, b, gy, work_fill: float = float("nan")):
     gx_buf, gx = guarded((c.B, c.C, c.L), c.gx_layout, dt)
     gw = torch.full((c.C, c.K), float("nan"), device="cuda", dtype=dt)
     gb = torch.full((c.C,), float("nan"), device="cuda", dtype=dt)
-    floats = ws(c.B, c.C, c.L, c.Lout, c.K, c.S, c.P, c.D)
-    assert floats >= c.C * (c.K + 1) + (c.B * c.C * c.Lout)
+    floats = ws(c.B, c.C, c.L, c.Lout, c.K, c.S, c.P, c.D, c.act)
+    assert floats >= c.C * (c.K + 1) + (c.B * c.C * c.Lout if c.act == 1 else 0)  # the gated grad_out: SiLU only
     work = torch.full((max(1, floats),), work_fill, device="cuda", dtype=torch.float32)
     strides = [torch.tensor(t.stride(), dtype=torch.int64) for t in (x, gy, gx)]  # host arrays of 3
     lib.prepare(gy, x, w, b, gx, gw, gb, work, c.B, c.C, c.L, c.Lout, c.K, c.S, c.P, c.D, c.act, *strides)()
