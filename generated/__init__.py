@@ -532,13 +532,11 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     dtype, k = _DTYPES[x.dtype], weight.shape[2]
     layout = "bcl" if x.is_contiguous() else "blc" if x.transpose(1, 2).is_contiguous() else None
     generic = MANIFEST["generic"]["scalar" if direction == "fwd" else "scalar_bwd"][dtype]["name"]
-    if layout is None:
+    if layout is None or x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:
         return generic
     tuned = t.tuned if direction == "fwd" else t.tuned_bwd
     keys = [(*x.shape, k, stride, left, right, dilation, dtype, b, layout, activation or "none")
             for b in (bias is not None, bias is None)]
-    if x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:
-        return generic
 
     def takes_x(name: str) -> bool:
         kernel = t.kernels[name][1]
