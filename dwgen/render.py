@@ -31,6 +31,7 @@ ANY_MAX_BLOCKS = 1 << 20
 ANY_SMEM_FLOATS = 6144
 NAIVE_TEMPLATE = "naive.cu.j2"
 BWD_ANY_TEMPLATE = "dw1d_bwd_any.cu.j2"
+WINDOW_TEMPLATE = "_window.cu.j2"  # both generic row kernels' sliding window
 # The generic backward's numbers: threads a block; grad_weight taps one pass over a chunk keeps in registers;
 # the reduction's chunking (at least BWD_ANY_MIN_CHUNK outputs of a channel a block, and chunks only until
 # BWD_ANY_TARGET_BLOCKS blocks: about two waves of 256-thread blocks on an H200, few partials to sum).
@@ -148,7 +149,8 @@ def any_name(dtype: str) -> str:
 
 def any_digest(dtype: str) -> str:
     return content_digest({"name": any_name(dtype), "threads": ANY_THREADS, "max_blocks": ANY_MAX_BLOCKS,
-                           "smem_floats": ANY_SMEM_FLOATS, "flags": list(NVCC_FLAGS)}, (ANY_TEMPLATE, COMMON_TEMPLATE))
+                           "smem_floats": ANY_SMEM_FLOATS, "flags": list(NVCC_FLAGS)},
+                          (ANY_TEMPLATE, COMMON_TEMPLATE, WINDOW_TEMPLATE))
 
 
 def render_any(dtype: str) -> str:
@@ -169,7 +171,7 @@ def bwd_any_name(dtype: str) -> str:
 
 def bwd_any_digest(dtype: str) -> str:
     return content_digest({"name": bwd_any_name(dtype), **_bwd_any_numbers(), "flags": list(NVCC_FLAGS)},
-                          (BWD_ANY_TEMPLATE, COMMON_TEMPLATE))
+                          (BWD_ANY_TEMPLATE, COMMON_TEMPLATE, WINDOW_TEMPLATE))
 
 
 def render_bwd_any(dtype: str) -> str:
