@@ -125,11 +125,11 @@ def check(binaries, dtype, bsz, ch, length, k, stride, left, right, dilation, ac
 
 # (B, C, L, K, stride, left, right, dilation): staged (stride 1: one chunk crossing rows, two chunks, K past
 # TAPS, causal, a dilation, K 1, a long reach past one pass of the weight sums; K 2 and 3, whose taps each
-# take two warps), then unstaged (a stride, a reach past shared memory, rows
+# take two warps; K 40 at dilation 1, two passes of groups of four taps), then unstaged (a stride, a reach past shared memory, rows
 # shorter than a block's threads, where grad_x stays staged and the partials do not)
 CASES = [(2, 2, 1500, 15, 1, 7, 7, 1), (3, 2, 2000, 4, 1, 3, 0, 1), (1, 3, 1100, 31, 1, 15, 15, 1),
          (2, 2, 900, 5, 1, 8, 0, 2), (1, 2, 700, 1, 1, 0, 0, 1), (1, 1, 2500, 64, 1, 30, 30, 40),
-         (2, 3, 1700, 3, 1, 1, 1, 1), (1, 2, 2200, 2, 1, 1, 0, 3),
+         (2, 3, 1700, 3, 1, 1, 1, 1), (1, 2, 2200, 2, 1, 1, 0, 3), (1, 2, 1400, 40, 1, 20, 19, 1),
          (2, 2, 1300, 3, 2, 1, 1, 1), (1, 1, 6000, 9, 1, 4, 4, 600), (3, 2, 200, 7, 1, 3, 3, 1)]
 
 
@@ -150,3 +150,22 @@ def test_the_staging_rule():
     """Stride 1 with a reach (K - 1) * D inside shared memory beside a tile: what CASES relies on."""
     room = render.ANY_SMEM_FLOATS - 2 * render.BWD_ANY_THREADS * 4
     assert 63 * 40 <= room < 8 * 600
+
+
+def test_an_inf_no_tap_reads_stays_out_of_the_weight_sums(binaries):
+    """Causal K5: x's last element feeds only the last tap's gradient. The staged weight sums step four outputs
+    at a time; the row's last step, past its last output, must not multiply that Inf by a zero g (NaN)."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 2, 1302, generator=g)  # 1302 outputs: the last segment of 278 ends inside a step of four
+    x[:, :, -1] = float("inf")
+    w, b = torch.randn(2, 1, 5, generator=g), torch.randn(2, generator=g)
+    gy = torch.randn(1, 2, 1302, generator=g)
+    got = run(binaries, "fp32", x, gy, w, b, 5, 1, 4, 1, 0)
+    ref = reference(x, gy, w, b, 1, 4, 0, 1, 0)
+    for a, r in zip(got, ref, strict=True):
+        finite = torch.isfinite(r)
+        assert torch.equal(torch.isfinite(a), finite)
+        assert ((a.double() - r)[finite].abs().max() / r[finite].abs().max()).item() <= 1e-5
+    assert torch.isfinite(ref[1][:, :, :4]).all() and not torch.isfinite(ref[1][:, :, 4]).any()
