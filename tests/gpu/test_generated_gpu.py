@@ -252,7 +252,8 @@ def test_empty_inputs_return_empty_results(dtype):
 @pytest.mark.parametrize("layout", ["bcl", "blc"])
 def test_64_bit_indexing_past_2_to_the_31_elements(layout):
     """2**31 + 1024 fp16 elements: the generic kernels (the row kernel over (B, C, L), the loop over (B, L, C))
-    index in 64 bits; check the channel whose elements lie past 2**31 (all of it, or every other one)."""
+    reach them through 64-bit offsets (the loop kernel's 64-bit instance, since its indices do not fit 32 bits);
+    check the channel whose elements lie past 2**31 (all of it, or every other one)."""
     import torch
     import torch.nn.functional as F
 
