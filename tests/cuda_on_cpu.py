@@ -51,13 +51,18 @@ int main(int argc, char** argv) {
 """
 
 
+def _emulated(source: str) -> str:
+    """CUDA source for the host: cuda_on_cpu.h instead of the CUDA headers, each launch (templated ones included)
+    a call of emu::launch."""
+    src = re.sub(r"#include <cuda[^>]*>\n", "", source)
+    src = re.sub(r"([\w<>]+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
+    return '#include "cuda_on_cpu.h"\n' + src
+
+
 def cpu_source(v: Variant, main: str) -> str:
     """The variant's source with its launches made calls of emu::launch, then PRELUDE and main ({{ storage }}:
     x's type)."""
-    src = render_variant(v)
-    src = re.sub(r"#include <cuda[^>]*>\n", "", src)
-    src = re.sub(r"(\w+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
-    return '#include "cuda_on_cpu.h"\n' + src + PRELUDE + main.replace("{{ storage }}", DTYPES[v.problem.dtype].storage)
+    return _emulated(render_variant(v)) + PRELUDE + main.replace("{{ storage }}", DTYPES[v.problem.dtype].storage)
 
 
 def _compile(name: str, text: str, tmp: Path) -> Path:
@@ -75,10 +80,17 @@ def build(v: Variant, tmp: Path, main: str) -> Path:
 
 
 def build_generic(name: str, source: str, dtype: str, main: str, tmp: Path) -> Path:
-    """A generic kernel's rendered source (templated launches included) with main after it, T_ its element type."""
-    src = re.sub(r"#include <cuda[^>]*>\n", "", source)
-    src = re.sub(r"([\w<>]+)<<<", r"emu::launch(\1, ", src).replace(">>>(", ", ")
-    return _compile(name, '#include "cuda_on_cpu.h"\n' + src + f"\nusing T_ = {DTYPES[dtype].storage};\n" + main, tmp)
+    """A generic kernel's rendered source with main after it, T_ its element type."""
+    return _compile(name, _emulated(source) + f"\nusing T_ = {DTYPES[dtype].storage};\n" + main, tmp)
+
+
+def strided_raw(t) -> tuple[bytes, int]:
+    """t's elements from its first to its last by its strides (the bytes a kernel given t's strides may read), and
+    how many."""
+    import torch
+
+    n = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1
+    return raw(torch.as_strided(t, (n,), (1,), t.storage_offset())), n
 
 
 def build_all(variants: list[Variant], tmp: Path, main: str) -> dict[str, Path]:

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from dwgen import render
-from dwgen.dtypes import DTYPES, torch_dtype
-from tests.cuda_on_cpu import build_generic, raw
+from dwgen.dtypes import torch_dtype
+from tests.cuda_on_cpu import build_generic, raw, strided_raw
 
 MAIN = r"""
 #include <cstdio>
@@ -58,17 +58,12 @@ def run(binaries, dtype, x, w, b, k, stride, left, right, dilation, act=0, layou
     exes, tmp = binaries
     bsz, ch, length = x.shape
     lout = (length + left + right - dilation * (k - 1) - 1) // stride + 1
-    storage = torch.as_strided(x, (x.untyped_storage().nbytes() // x.element_size() - x.storage_offset(),), (1,),
-                               x.storage_offset())
-    n = (bsz - 1) * x.stride(0) + (ch - 1) * x.stride(1) + (length - 1) * x.stride(2) + 1
-    (tmp / "in").write_bytes(raw(storage[:n]) + raw(w) + raw(b if b is not None else torch.zeros(ch, dtype=x.dtype)))
+    (tmp / "in").write_bytes(strided_raw(x)[0] + raw(w) + raw(b if b is not None else torch.zeros(ch, dtype=x.dtype)))
     ys = (ch * lout, lout, 1) if layout_out == "bcl" else (ch * lout, 1, ch)
     args = [bsz, ch, length, lout, k, stride, left, dilation, act, int(b is not None), *x.stride(), *ys]
     proc = subprocess.run([str(exes[dtype]), str(tmp / "in"), str(tmp / "out"), *map(str, args)], capture_output=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    data = (tmp / "out").read_bytes()
-    flat = torch.frombuffer(bytearray(data), dtype=torch.int16 if DTYPES[dtype].bytes == 2 else torch.float32)
-    flat = flat.view(x.dtype)
+    flat = torch.frombuffer(bytearray((tmp / "out").read_bytes()), dtype=torch.uint8).view(x.dtype)
     return flat.view(bsz, ch, lout) if layout_out == "bcl" else flat.view(bsz, lout, ch).transpose(1, 2)
 
 

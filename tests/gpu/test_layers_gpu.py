@@ -168,17 +168,10 @@ class Block(nn.Module):
         return self.mix(self.smooth(h)) + x
 
 
-@pytest.fixture
-def no_tf32():
-    """cuDNN's TF32 off: the pointwise layers left to PyTorch would otherwise round their inputs to 10 bits, and
-    a last-bit difference upstream (any other summation order) moves their weight gradients by ~1e-5 relative."""
-    was = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = was
-
-
-def test_swap_conv1d_keeps_outputs_and_gradients(no_tf32):
+def test_swap_conv1d_keeps_outputs_and_gradients(monkeypatch):
+    # cuDNN's TF32 off: the pointwise layers left to PyTorch would otherwise round their inputs to 10 bits, and a
+    # last-bit difference upstream (any other summation order) moves their weight gradients by ~1e-5 relative
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch.manual_seed(3)
     model = nn.Sequential(Block(), Block()).to(DEVICE)
     before = copy.deepcopy(model)
