@@ -41,6 +41,7 @@ _DECLARATION = re.compile(r"^int dwgen_launch_([a-z0-9_]+)\(([^()\n]*)\);$", re.
 _WORKSPACE = re.compile(r"^long long dwgen_workspace_([a-z0-9_]+)\(([^()\n]*)\);$", re.M)
 _FAST_KEY = re.compile(r"(fp32|fp16|bf16)_(bcl|blc)_k([1-9])")
 FAST_MAX_K = 9  # the fast generic kernels' reach: K 1 to 9 at stride and dilation 1 (the launcher's MAX_K)
+_ARG_LIMIT = 2**31 - 1  # the kernels take stride, dilation and each padding as 32-bit ints
 # What a tuned kernel is lent by to untuned problems (the C++ tables' lent_key in this order)
 _SIGNATURE_FIELDS = ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
 _DIRECTIONS = ("fwd", "bwd")
@@ -482,6 +483,8 @@ def _validate(x, weight, bias, stride, padding, dilation, activation=None,
     _check_arguments(x, weight, bias, stride, dilation, activation)
     k = weight.shape[2]
     left, right = _paddings(padding, k, stride, dilation)
+    if max(left, right) > _ARG_LIMIT:
+        raise ValueError(f"dwgen: padding must be at most 2**31 - 1 a side, got {left} and {right}")
     out_length = _output_length(x, k, left, right, stride, dilation, padding)
     if not (x.is_cuda or (meta and x.is_meta)):
         raise ValueError("dwgen: x must be on a CUDA device; move it with x.cuda()")
@@ -508,6 +511,8 @@ def _check_arguments(x, weight, bias, stride, dilation, activation) -> None:
     for name, v, low in (("stride", stride, 1), ("dilation", dilation, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"dwgen: {name} must be an int >= {low}, got {v!r}")
+        if v > _ARG_LIMIT:
+            raise ValueError(f"dwgen: {name} must be at most 2**31 - 1, got {v}")
     if not isinstance(activation, (str, type(None))) or activation not in _ACTIVATIONS:
         raise ValueError(f"dwgen: activation must be None or 'silu', got {activation!r}")
 

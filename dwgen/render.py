@@ -31,7 +31,7 @@ ANY_MAX_BLOCKS = 1 << 20
 ANY_SMEM_FLOATS = 6144
 NAIVE_TEMPLATE = "naive.cu.j2"
 BWD_ANY_TEMPLATE = "dw1d_bwd_any.cu.j2"
-WINDOW_TEMPLATE = "_window.cu.j2"  # both generic row kernels' sliding window
+WINDOW_TEMPLATE = "_window.cu.j2"  # what both generic row kernels share (span bounds, window, store)
 # The generic backward's numbers: threads a block; grad_weight taps one pass over a chunk keeps in registers;
 # the reduction's chunking (at least BWD_ANY_MIN_CHUNK outputs of a channel a block, and chunks only until
 # BWD_ANY_TARGET_BLOCKS blocks: about two waves of 256-thread blocks on an H200, few partials to sum).

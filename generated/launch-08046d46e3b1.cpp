@@ -568,6 +568,11 @@ int64_t validate(const at::Tensor& x, const at::Tensor& w, const std::optional<a
     DWGEN_CHECK(ValueError, S >= 1, "dwgen: stride must be an int >= 1, got ", S);
     DWGEN_CHECK(ValueError, pl >= 0 && pr >= 0, "dwgen: padding must be an int >= 0, got ", pl, " and ", pr);
     DWGEN_CHECK(ValueError, D >= 1, "dwgen: dilation must be an int >= 1, got ", D);
+    // the kernels take them as 32-bit ints (and D * (K - 1) below stays inside 64 bits)
+    DWGEN_CHECK(ValueError, S <= INT32_MAX, "dwgen: stride must be at most 2**31 - 1, got ", S);
+    DWGEN_CHECK(ValueError, pl <= INT32_MAX && pr <= INT32_MAX, "dwgen: padding must be at most 2**31 - 1 a side, got ",
+                pl, " and ", pr);
+    DWGEN_CHECK(ValueError, D <= INT32_MAX, "dwgen: dilation must be at most 2**31 - 1, got ", D);
     DWGEN_CHECK(ValueError, act == 0 || act == 1, "dwgen: activation must be None or 'silu'");
     const int64_t Lout = (x.size(2) + pl + pr - D * (K - 1) - 1) / S + 1;
     DWGEN_CHECK(ValueError, x.size(2) + pl + pr - D * (K - 1) - 1 >= 0 && Lout >= 1, "dwgen: no output for length ",

@@ -54,6 +54,7 @@ inline unsigned __float_as_uint(float f) {
     std::memcpy(&u, &f, 4);
     return u;
 }
+inline int __clz(const int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }  // leading zeros
 inline unsigned __umulhi(const unsigned a, const unsigned b) {  // the high 32 bits of the product
     return static_cast<unsigned>(static_cast<unsigned long long>(a) * b >> 32);
 }
