@@ -29,6 +29,9 @@ ANY_MAX_BLOCKS = 1 << 20
 # The generic row kernel's shared memory, in floats: a 1024-output tile's span at stride 4 with (K - 1) * D up to
 # about 2000, and its weights (24 KB: nine 256-thread blocks an SM still fit)
 ANY_SMEM_FLOATS = 6144
+# The generic row kernels' blocks, at least, where a problem's tiles allow (about two waves of 256-thread blocks on
+# an H200); past that each block walks several tiles of one row, paying its fixed work once for them.
+ANY_ROW_BLOCKS = 2048
 NAIVE_TEMPLATE = "naive.cu.j2"
 BWD_ANY_TEMPLATE = "dw1d_bwd_any.cu.j2"
 WINDOW_TEMPLATE = "_window.cu.j2"  # what both generic row kernels share (span bounds, window, store)
@@ -149,7 +152,7 @@ def any_name(dtype: str) -> str:
 
 def any_digest(dtype: str) -> str:
     return content_digest({"name": any_name(dtype), "threads": ANY_THREADS, "max_blocks": ANY_MAX_BLOCKS,
-                           "smem_floats": ANY_SMEM_FLOATS, "flags": list(NVCC_FLAGS)},
+                           "smem_floats": ANY_SMEM_FLOATS, "row_blocks": ANY_ROW_BLOCKS, "flags": list(NVCC_FLAGS)},
                           (ANY_TEMPLATE, COMMON_TEMPLATE, WINDOW_TEMPLATE))
 
 
@@ -157,12 +160,14 @@ def render_any(dtype: str) -> str:
     """CUDA source of the generic kernel that is correct for every problem of one element type, any layout."""
     return _ENV.get_template(ANY_TEMPLATE).render(
         template=ANY_TEMPLATE, name=any_name(dtype), digest=any_digest(dtype), threads=_cpp_int(ANY_THREADS),
-        max_blocks=_cpp_int(ANY_MAX_BLOCKS), smem_floats=_cpp_int(ANY_SMEM_FLOATS), **_generic_context(DTYPES[dtype]))
+        max_blocks=_cpp_int(ANY_MAX_BLOCKS), smem_floats=_cpp_int(ANY_SMEM_FLOATS), row_blocks=_cpp_int(ANY_ROW_BLOCKS),
+        **_generic_context(DTYPES[dtype]))
 
 
 def _bwd_any_numbers() -> dict:
     return {"threads": BWD_ANY_THREADS, "taps": BWD_ANY_TAPS, "max_blocks": ANY_MAX_BLOCKS,
-            "min_chunk": BWD_ANY_MIN_CHUNK, "target_blocks": BWD_ANY_TARGET_BLOCKS, "smem_floats": ANY_SMEM_FLOATS}
+            "min_chunk": BWD_ANY_MIN_CHUNK, "target_blocks": BWD_ANY_TARGET_BLOCKS, "smem_floats": ANY_SMEM_FLOATS,
+            "row_blocks": ANY_ROW_BLOCKS}
 
 
 def bwd_any_name(dtype: str) -> str:

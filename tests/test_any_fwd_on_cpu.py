@@ -147,6 +147,31 @@ def test_an_inf_past_the_last_tap_stays_out_of_the_sum(binaries):
     assert ((y - ref)[finite].abs().max() / ref[finite].abs().max()).item() <= 1e-5
 
 
+
+@pytest.fixture(scope="module")
+def walking(tmp_path_factory):
+    """The generic forward rendered with ROW_BLOCKS 1: each block of the row kernel walks all its row's tiles."""
+    tmp = tmp_path_factory.mktemp("any_fwd_walk")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(render, "ANY_ROW_BLOCKS", 1)
+        out = {dtype: build_generic(render.any_name(dtype), render.render_any(dtype), dtype, MAIN, tmp)
+               for dtype in ("fp32", "bf16")}
+    return out, tmp
+
+
+# (B, C, L, K, stride, left, right, dilation): four tiles a block through the window, two at stride 2, three at
+# dilation 2 (a contiguous fill, the general sums)
+WALKS = [(2, 3, 3500, 5, 1, 2, 2, 1), (1, 2, 2900, 7, 2, 3, 3, 1), (2, 2, 2600, 4, 1, 3, 3, 2)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", WALKS, ids=lambda c: "x".join(map(str, c)))
+def test_a_block_walking_a_rows_tiles_matches_float64(walking, dtype, case):
+    bsz, ch, length, k, stride, left, right, dilation = case
+    x, w, b = inputs(dtype, bsz, ch, length + 1, k)
+    # rows one element off any vector boundary: the fill's vectors start inside a row's first tile
+    check(walking, dtype, x[..., 1:], w, b, k, stride, left, right, dilation)
+
 DIVISION = r"""
 #include <cstdio>
 #define CAT2(a, b) a##b

@@ -132,6 +132,46 @@ def test_the_generic_backward_matches_float64(binaries, dtype, case):
     check(binaries, dtype, bsz, ch, length, k, stride, left, right, dilation, bias=length % 2 == 0)
 
 
+
+@pytest.fixture(scope="module")
+def walking(tmp_path_factory):
+    """The generic backward rendered with ROW_BLOCKS 1: each block of grad_x_rows walks all its row's tiles."""
+    tmp = tmp_path_factory.mktemp("bwd_any_walk")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(render, "ANY_ROW_BLOCKS", 1)
+        out = {dtype: build_generic(render.bwd_any_name(dtype), render.render_bwd_any(dtype), dtype, MAIN, tmp)
+               for dtype in ("fp32", "bf16")}
+    return out, tmp
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", [(2, 3, 3299, 5, 1, 2, 2, 1), (1, 3, 2600, 3, 1, 1, 1, 2)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_a_block_walking_a_rows_tiles_matches_float64(walking, dtype, case):
+    """Four and three tiles a block; grad_out's rows of 3299 elements start off vector boundaries."""
+    bsz, ch, length, k, stride, left, right, dilation = case
+    check(walking, dtype, bsz, ch, length, k, stride, left, right, dilation, seed=4)
+
+
+NARROW = "B * Lout <= 0x7fffffffLL ? narrow(Lout)"  # where the launch picks the weight sums' 32-bit quotients
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """The generic backward with the weight sums' 64-bit segment division, which only B * Lout >= 2^31 reaches."""
+    tmp = tmp_path_factory.mktemp("bwd_any_wide")
+    source = render.render_bwd_any("fp32")
+    assert NARROW in source
+    exe = build_generic(render.bwd_any_name("fp32"), source.replace(NARROW, "false ? narrow(Lout)"), "fp32", MAIN, tmp)
+    return {"fp32": exe}, tmp
+
+
+@pytest.mark.parametrize("case", [(3, 2, 2000, 4, 1, 3, 0, 1), (2, 2, 1500, 15, 1, 7, 7, 1)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_the_weight_sums_64_bit_segments_match_float64(wide, case):
+    bsz, ch, length, k, stride, left, right, dilation = case
+    check(wide, "fp32", bsz, ch, length, k, stride, left, right, dilation, seed=5)
+
 def test_silu_and_b_l_c_views_through_the_staged_kernels(binaries):
     check(binaries, "fp32", 2, 3, 1200, 9, 1, 8, 0, 1, act=1, seed=1)  # the gated gradient from the fp32 buffer
     check(binaries, "bf16", 2, 8, 1000, 6, 1, 3, 2, 1, layout="blc", seed=2)
