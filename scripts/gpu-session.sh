@@ -40,6 +40,8 @@
 #           checked first, outside the NVTX range ncu profiles; NCU_COUNT kernels (default 6) are profiled
 #   ncusass the first variant of PROBE_ARGS under Nsight Compute's source counters: each SASS instruction with
 #           how often it ran (ncusass.csv) and the executed instructions by opcode (ncusass.log)
+#   ncusassgeneric  the same for the first generic kernel matching NCU_KERNEL (a regex, default dw1d_any_f16_rows:
+#           the fp16 K15 forward) in scripts/probe-generic.py (e.g. NCU_KERNEL=grad_x_rows, grad_w_rows)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -54,6 +56,14 @@ if [ "${SEEDS:-}" = snapshot ]; then
 elif [ -n "${SEEDS:-}" ]; then
   SEED_ARGS=(--seeds-from "$SEEDS")
 fi
+# Source counters of the first kernel matching $1 in the NVTX range `probe` of the command after it (ncusass.*).
+sass_counters() { local kernel=$1; shift
+  timed ncusass ncu --section SourceCounters --section InstructionStats \
+    --metrics 'gpu__time_duration.sum,smsp__inst_executed.sum,sass__inst_executed_per_opcode' \
+    --print-metric-instances details --nvtx --nvtx-include probe/ -k "regex:$kernel" -c 1 -o "$OUT/ncusass" "$@" \
+  && ncu -i "$OUT/ncusass.ncu-rep" --page details --print-metric-instances details >> "$OUT/ncusass.log" \
+  && ncu -i "$OUT/ncusass.ncu-rep" --page source --print-source sass --csv > "$OUT/ncusass.csv"
+  local rc=$?; rm -f "$OUT/ncusass.ncu-rep"; return "$rc"; }
 timed() { local name=$1; shift; local t0; t0=$(date +%s); timeout "${STEP_TIMEOUT:-3600}" "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
   echo "$name: rc $rc, $(( $(date +%s) - t0 )) s wall" | tee -a "$OUT/summary.log"; return "$rc"; }
@@ -94,13 +104,8 @@ for step in "$@"; do
                   --metrics 'gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active' \
                   --nvtx --nvtx-include probe/ -k regex:dw1d -c "${NCU_COUNT:-6}" \
                   python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and variants} ;;
-    ncusass) timed ncusass ncu --section SourceCounters --section InstructionStats \
-               --metrics 'gpu__time_duration.sum,smsp__inst_executed.sum,sass__inst_executed_per_opcode' \
-               --print-metric-instances details --nvtx --nvtx-include probe/ -k regex:dw1d -c 1 -o "$OUT/ncusass" \
-               python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and a variant} \
-             && ncu -i "$OUT/ncusass.ncu-rep" --page details --print-metric-instances details >> "$OUT/ncusass.log" \
-             && ncu -i "$OUT/ncusass.ncu-rep" --page source --print-source sass --csv > "$OUT/ncusass.csv"
-             rm -f "$OUT/ncusass.ncu-rep" ;;
+    ncusass) sass_counters dw1d python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and a variant} ;;
+    ncusassgeneric) sass_counters "${NCU_KERNEL:-dw1d_any_f16_rows}" python3 scripts/probe-generic.py ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
