@@ -9,6 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from dwgen import render
 from dwgen.dtypes import DTYPES
 from dwgen.render import render_variant
 from dwgen.space import Variant
@@ -82,6 +85,14 @@ def build(v: Variant, tmp: Path, main: str) -> Path:
 def build_generic(name: str, source: str, dtype: str, main: str, tmp: Path) -> Path:
     """A generic kernel's rendered source with main after it, T_ its element type."""
     return _compile(name, _emulated(source) + f"\nusing T_ = {DTYPES[dtype].storage};\n" + main, tmp)
+
+
+def build_walking(name_of, render_of, main: str, tmp: Path) -> dict[str, Path]:
+    """fp32 and bf16 builds of a generic kernel rendered with ROW_BLOCKS 1, so that each block of its row kernel walks
+    all its row's tiles (at the default, the CPU tests' few rows leave one tile a block)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(render, "ANY_ROW_BLOCKS", 1)
+        return {dtype: build_generic(name_of(dtype), render_of(dtype), dtype, main, tmp) for dtype in ("fp32", "bf16")}
 
 
 def strided_raw(t) -> tuple[bytes, int]:

@@ -10,7 +10,7 @@ import pytest
 
 from dwgen import render
 from dwgen.dtypes import torch_dtype
-from tests.cuda_on_cpu import build_generic, raw, strided_raw
+from tests.cuda_on_cpu import build_generic, build_walking, raw, strided_raw
 
 MAIN = r"""
 #include <cstdio>
@@ -150,13 +150,9 @@ def test_an_inf_past_the_last_tap_stays_out_of_the_sum(binaries):
 
 @pytest.fixture(scope="module")
 def walking(tmp_path_factory):
-    """The generic forward rendered with ROW_BLOCKS 1: each block of the row kernel walks all its row's tiles."""
+    """The generic forward, each block of its row kernel walking all its row's tiles."""
     tmp = tmp_path_factory.mktemp("any_fwd_walk")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(render, "ANY_ROW_BLOCKS", 1)
-        out = {dtype: build_generic(render.any_name(dtype), render.render_any(dtype), dtype, MAIN, tmp)
-               for dtype in ("fp32", "bf16")}
-    return out, tmp
+    return build_walking(render.any_name, render.render_any, MAIN, tmp), tmp
 
 
 # (B, C, L, K, stride, left, right, dilation): four tiles a block through the window, two at stride 2, three at

@@ -10,7 +10,7 @@ import pytest
 
 from dwgen import render
 from dwgen.dtypes import torch_dtype
-from tests.cuda_on_cpu import build_generic, raw, strided_raw
+from tests.cuda_on_cpu import build_generic, build_walking, raw, strided_raw
 
 MAIN = r"""
 #include <cstdio>
@@ -135,13 +135,9 @@ def test_the_generic_backward_matches_float64(binaries, dtype, case):
 
 @pytest.fixture(scope="module")
 def walking(tmp_path_factory):
-    """The generic backward rendered with ROW_BLOCKS 1: each block of grad_x_rows walks all its row's tiles."""
+    """The generic backward, each block of grad_x_rows walking all its row's tiles."""
     tmp = tmp_path_factory.mktemp("bwd_any_walk")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(render, "ANY_ROW_BLOCKS", 1)
-        out = {dtype: build_generic(render.bwd_any_name(dtype), render.render_bwd_any(dtype), dtype, MAIN, tmp)
-               for dtype in ("fp32", "bf16")}
-    return out, tmp
+    return build_walking(render.bwd_any_name, render.render_bwd_any, MAIN, tmp), tmp
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
