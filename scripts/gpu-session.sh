@@ -40,7 +40,7 @@
 #           checked first, outside the NVTX range ncu profiles; NCU_COUNT kernels (default 6) are profiled
 #   ncusass the first variant of PROBE_ARGS under Nsight Compute's source counters: each SASS instruction with
 #           how often it ran (ncusass.csv) and the executed instructions by opcode (ncusass.log)
-#   ncusassgeneric  the same for the first generic kernel matching NCU_KERNEL (a regex, default dw1d_any_f16_rows:
+#   ncusassgeneric  the same for the first generic kernel matching NCU_KERNEL (a regex, default dw1d_any_f16_window:
 #           the fp16 K15 forward) in scripts/probe-generic.py (e.g. NCU_KERNEL=grad_x_rows, grad_w_rows)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
@@ -105,7 +105,7 @@ for step in "$@"; do
                   --nvtx --nvtx-include probe/ -k regex:dw1d -c "${NCU_COUNT:-6}" \
                   python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and variants} ;;
     ncusass) sass_counters dw1d python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and a variant} ;;
-    ncusassgeneric) sass_counters "${NCU_KERNEL:-dw1d_any_f16_rows}" python3 scripts/probe-generic.py ;;
+    ncusassgeneric) sass_counters "${NCU_KERNEL:-dw1d_any_f16_window}" python3 scripts/probe-generic.py ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -111,6 +111,21 @@ def test_the_row_kernel_matches_float64(binaries, dtype, case):
     check(binaries, dtype, x, w, b, k, stride, left, right, dilation, act=int(k == 5))
 
 
+@pytest.mark.parametrize("k", range(1, 18))
+def test_each_unrolled_window_and_the_loop_past_them_match_float64(binaries, k):
+    """The window kernel: K 1 to 16 take their own unrolled window (window_fixed), 17 the loop; two tiles."""
+    x, w, b = inputs("fp32", 1, 2, 1100, k, seed=k)
+    check(binaries, "fp32", x, w, b, k, 1, (k - 1) // 2, k // 2, 1)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_window_past_the_span_filled_ahead_takes_the_rows_kernel(binaries, dtype):
+    """K 1100 at stride and dilation 1: a span past AHEAD_FLOATS, so the rows kernel's window, walked over rows
+    off vector boundaries."""
+    x, w, b = inputs(dtype, 1, 2, 2601, 1100, seed=3)
+    check(binaries, dtype, x[..., 1:], w, b, 1100, 1, 549, 550, 1)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_a_b_l_c_x_takes_the_loop_kernel_with_channels_fastest(binaries, dtype):
     x, w, b = inputs(dtype, 2, 24, 333, 9)
@@ -156,7 +171,7 @@ def walking(tmp_path_factory):
 
 
 # (B, C, L, K, stride, left, right, dilation): four tiles a block through the window, two at stride 2, three at
-# dilation 2 (a contiguous fill, the general sums)
+# dilation 2 (the general sums; the span filled by vectors at every stride)
 WALKS = [(2, 3, 3500, 5, 1, 2, 2, 1), (1, 2, 2900, 7, 2, 3, 3, 1), (2, 2, 2600, 4, 1, 3, 3, 2)]
 
 

@@ -168,6 +168,13 @@ def test_the_weight_sums_64_bit_segments_match_float64(wide, case):
     bsz, ch, length, k, stride, left, right, dilation = case
     check(wide, "fp32", bsz, ch, length, k, stride, left, right, dilation, seed=5)
 
+
+@pytest.mark.parametrize("k", [6, 8, 10, 11, 12, 14, 16, 17])
+def test_grad_x_through_the_unrolled_windows_matches_float64(binaries, k):
+    """grad_x_rows's window at the filter lengths CASES leaves out (every K % 4, whole steps and tails)."""
+    check(binaries, "fp32", 1, 2, 1100, k, 1, (k - 1) // 2, k // 2, 1, seed=k)
+
+
 def test_silu_and_b_l_c_views_through_the_staged_kernels(binaries):
     check(binaries, "fp32", 2, 3, 1200, 9, 1, 8, 0, 1, act=1, seed=1)  # the gated gradient from the fp32 buffer
     check(binaries, "bf16", 2, 8, 1000, 6, 1, 3, 2, 1, layout="blc", seed=2)
