@@ -42,6 +42,9 @@
 #           how often it ran (ncusass.csv) and the executed instructions by opcode (ncusass.log)
 #   ncusassgeneric  the same for the first generic kernel matching NCU_KERNEL (a regex, default dw1d_any_f16_window:
 #           the fp16 K15 forward) in scripts/probe-generic.py (e.g. NCU_KERNEL=grad_x_rows, grad_w_rows)
+#   renders scripts/generic-harness.cu built against each folder of RENDERS (renderings of the generic forward made
+#           with scripts/render-generic.py under .renders/, carried: e.g. RENDERS=".renders/base .renders/new"), the
+#           whole set run twice, interleaved (renders.log): one process's timings and output hashes side by side
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -106,6 +109,11 @@ for step in "$@"; do
                   python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and variants} ;;
     ncusass) sass_counters dw1d python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and a variant} ;;
     ncusassgeneric) sass_counters "${NCU_KERNEL:-dw1d_any_f16_window}" python3 scripts/probe-generic.py ;;
+    renders) timed renders bash -c 'set -e; flags=$(python3 -c "from dwgen.space import NVCC_FLAGS; print(*NVCC_FLAGS)")
+               for d in ${RENDERS:?RENDERS names folders of renderings}; do
+                 nvcc $flags -arch=sm_90 -I "$d" -o "/tmp/harness_${d//\//_}" scripts/generic-harness.cu; done
+               rc=0; for round in 1 2; do for d in $RENDERS; do echo "== $d (round $round)"
+                 "/tmp/harness_${d//\//_}" || rc=1; done; done; exit $rc' ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
