@@ -1,5 +1,5 @@
-// Times one rendering of the generic forward kernels (scripts/render-generic.py) on the bench's untuned-signature
-// rows without building the frozen module, and prints a hash of each output, so that renderings meant to agree
+// Times one rendering of the generic kernels (scripts/render-generic.py) on the bench's untuned-signature rows, both
+// directions, without building the frozen module, and prints a hash of each output, so that renderings meant to agree
 // bitwise (a change of speed, not of sums) can be compared. Built per rendering with -I that folder:
 //     nvcc -O3 -arch=sm_90 -I renders/new -o /tmp/h_new scripts/generic-harness.cu  (the search's NVCC_FLAGS too)
 // (gpu-session.sh's `renders` step). Inputs stay in L2 between launches, so the ratios to cudaMemcpy are not the
@@ -17,8 +17,16 @@
 #include "src_fwd_f16.cu"
 #include "src_fwd_bf16.cu"
 #include "src_fwd_f32.cu"
+#include "src_bwd_f16.cu"
+#include "src_bwd_bf16.cu"
+#include "src_bwd_f32.cu"
 
 namespace {
+using Backward = int (*)(const void*, const void*, const void*, const void*, void*, void*, void*, void*, long long,
+                         long long, long long, long long, long long, long long, long long, long long, long long,
+                         const long long*, const long long*, const long long*, void*);
+using Workspace = long long (*)(long long, long long, long long, long long, long long, long long, long long,
+                                long long, long long);
 using Launch = int (*)(const void*, const void*, const void*, void*, long long, long long, long long, long long,
                        long long, long long, long long, long long, long long, const long long*, const long long*,
                        void*);
@@ -105,6 +113,41 @@ bool forward(const char* tag, const Launch launch, const int bytes, const bool b
     cudaFree(copy);
     return rc == 0 && err == cudaSuccess;
 }
+// The backward (grad_x, grad_weight and grad_bias: the launch always writes all three) of a problem without
+// activation; the hash covers grad_x and grad_weight.
+bool backward(const char* tag, const Backward launch, const Workspace workspace, const int bytes, const bool bf16,
+              const long long B, const long long C, const long long L, const long long K, const long long S,
+              const long long P, const long long D) {
+    const long long Lout = (L + 2 * P - D * (K - 1) - 1) / S + 1;
+    void *gy, *x, *w, *gx, *gw, *gb, *work;
+    cudaMalloc(&gy, B * C * Lout * bytes);
+    cudaMalloc(&x, B * C * L * bytes);
+    cudaMalloc(&w, C * K * bytes);
+    cudaMalloc(&gx, B * C * L * bytes);
+    cudaMalloc(&gw, C * K * bytes);
+    cudaMalloc(&gb, C * bytes);
+    cudaMalloc(&work, workspace(B, C, L, Lout, K, S, P, D, 0) * sizeof(float) + 16);
+    fill(gy, B * C * Lout, bytes, bf16, 30);
+    fill(x, B * C * L, bytes, bf16, 32);
+    fill(w, C * K, bytes, bf16, 34);
+    cudaMemset(gx, 0xff, B * C * L * bytes);
+    cudaMemset(gw, 0xff, C * K * bytes);
+    const long long xs[3] = {C * L, L, 1}, gys[3] = {C * Lout, Lout, 1};
+    const auto call = [&] {
+        return launch(gy, x, w, nullptr, gx, gw, gb, work, B, C, L, Lout, K, S, P, D, 0, xs, gys, xs, nullptr);
+    };
+    const int rc = call();
+    cudaDeviceSynchronize();
+    std::vector<unsigned char> host(B * C * L * bytes + C * K * bytes);
+    cudaMemcpy(host.data(), gx, B * C * L * bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(host.data() + B * C * L * bytes, gw, C * K * bytes, cudaMemcpyDeviceToHost);
+    const float ms = median_ms(call);
+    const cudaError_t err = cudaGetLastError();
+    printf("%-26s rc %d  %.4f ms  hash %016llx  %s\n", tag, rc, ms, static_cast<unsigned long long>(fnv1a(host)),
+           cudaGetErrorString(err));
+    for (void* p : {gy, x, w, gx, gw, gb, work}) cudaFree(p);
+    return rc == 0 && err == cudaSuccess;
+}
 }  // namespace
 
 int main() {
@@ -115,5 +158,11 @@ int main() {
     ok &= forward("bf16 8x1024x6000 K3 S3", dwgen_launch_dw1d_any_bf16, 2, true, 8, 1024, 6000, 3, 3, 1, 1);
     ok &= forward("fp16 4x256x16000 K15", dwgen_launch_dw1d_any_f16, 2, false, 4, 256, 16000, 15, 1, 7, 1);
     ok &= forward("bf16 16x512x2001 K7", dwgen_launch_dw1d_any_bf16, 2, true, 16, 512, 2001, 7, 1, 3, 1);
+    ok &= backward("bwd fp16 16x512x2000 K15", dwgen_launch_dw1d_bwd_any_f16, dwgen_workspace_dw1d_bwd_any_f16, 2,
+                   false, 16, 512, 2000, 15, 1, 7, 1);
+    ok &= backward("bwd fp32 8x1024x4000 K5 D2", dwgen_launch_dw1d_bwd_any_f32, dwgen_workspace_dw1d_bwd_any_f32, 4,
+                   false, 8, 1024, 4000, 5, 1, 4, 2);
+    ok &= backward("bwd bf16 16x512x2001 K7", dwgen_launch_dw1d_bwd_any_bf16, dwgen_workspace_dw1d_bwd_any_bf16, 2,
+                   true, 16, 512, 2001, 7, 1, 3, 1);
     return ok ? 0 : 1;  // a failed launch or CUDA error fails the step
 }

@@ -42,7 +42,7 @@
 #           how often it ran (ncusass.csv) and the executed instructions by opcode (ncusass.log)
 #   ncusassgeneric  the same for the first generic kernel matching NCU_KERNEL (a regex, default dw1d_any_f16_window:
 #           the fp16 K15 forward) in scripts/probe-generic.py (e.g. NCU_KERNEL=grad_x_rows, grad_w_rows)
-#   renders scripts/generic-harness.cu built against each folder of RENDERS (renderings of the generic forward made
+#   renders scripts/generic-harness.cu built against each folder of RENDERS (renderings of the generic kernels made
 #           with scripts/render-generic.py under .renders/, carried: e.g. RENDERS=".renders/base .renders/new"), the
 #           whole set run twice, interleaved (renders.log): one process's timings and output hashes side by side
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.

@@ -1,6 +1,6 @@
-"""Renders the generic forward kernels of the templates as they are now into a folder, one source a dtype
-(src_fwd_f16.cu, src_fwd_bf16.cu, src_fwd_f32.cu), for scripts/generic-harness.cu to time side by side with
-another rendering (a patch applied, or another commit's templates rendered from a worktree):
+"""Renders the generic kernels of the templates as they are now into a folder, one source a direction and dtype
+(src_fwd_f16.cu ... src_bwd_f32.cu), for scripts/generic-harness.cu to time side by side with another rendering
+(a patch applied, or another commit's templates rendered from a worktree):
 
     python scripts/render-generic.py renders/new
 """
@@ -23,6 +23,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for dtype in ("fp16", "bf16", "fp32"):
         (out / f"src_fwd_{DTYPES[dtype].token}.cu").write_text(render.render_any(dtype))
+        (out / f"src_bwd_{DTYPES[dtype].token}.cu").write_text(render.render_bwd_any(dtype))
     return 0
 
 

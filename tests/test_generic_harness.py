@@ -24,7 +24,8 @@ def test_usage_without_a_folder_is_one_line_and_exit_2():
 def test_the_harness_builds_against_a_fresh_rendering(tmp_path):
     rendering = tmp_path / "r"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render-generic.py"), str(rendering)], check=True, cwd=ROOT)
-    assert sorted(p.name for p in rendering.iterdir()) == ["src_fwd_bf16.cu", "src_fwd_f16.cu", "src_fwd_f32.cu"]
+    assert sorted(p.name for p in rendering.iterdir()) == [f"src_{d}_{t}.cu" for d in ("bwd", "fwd")
+                                                           for t in ("bf16", "f16", "f32")]
     out = subprocess.run([nvcc_path(), *NVCC_FLAGS, "-arch=sm_90", "-I", str(rendering), "-o", str(tmp_path / "h"),
                           str(ROOT / "scripts" / "generic-harness.cu")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
