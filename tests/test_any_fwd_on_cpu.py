@@ -171,8 +171,10 @@ def walking(tmp_path_factory):
 
 
 # (B, C, L, K, stride, left, right, dilation): four tiles a block through the window, two at stride 2, three at
-# dilation 2 (the general sums; the span filled by vectors at every stride)
-WALKS = [(2, 3, 3500, 5, 1, 2, 2, 1), (1, 2, 2900, 7, 2, 3, 3, 1), (2, 2, 2600, 4, 1, 3, 3, 2)]
+# dilation 2 (the general sums); paddings of more than two tiles a side, so that whole spans lie before the row's
+# start and past its end (the window kernel's offsets from a block's first tile)
+WALKS = [(2, 3, 3500, 5, 1, 2, 2, 1), (1, 2, 2900, 7, 2, 3, 3, 1), (2, 2, 2600, 4, 1, 3, 3, 2),
+         (1, 2, 1000, 5, 1, 2500, 2300, 1)]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

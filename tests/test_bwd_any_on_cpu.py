@@ -175,6 +175,11 @@ def test_grad_x_through_the_unrolled_windows_matches_float64(binaries, k):
     check(binaries, "fp32", 1, 2, 1100, k, 1, (k - 1) // 2, k // 2, 1, seed=k)
 
 
+def test_a_window_past_the_span_filled_ahead_takes_grad_x_rows(binaries):
+    """K 1100 at dilation 1: a span past AHEAD_FLOATS, so grad_x_rows's window rather than grad_x_window's."""
+    check(binaries, "fp32", 1, 2, 2600, 1100, 1, 549, 550, 1, seed=3)
+
+
 def test_silu_and_b_l_c_views_through_the_staged_kernels(binaries):
     check(binaries, "fp32", 2, 3, 1200, 9, 1, 8, 0, 1, act=1, seed=1)  # the gated gradient from the fp32 buffer
     check(binaries, "bf16", 2, 8, 1000, 6, 1, 3, 2, 1, layout="blc", seed=2)
