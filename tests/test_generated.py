@@ -34,6 +34,15 @@ def test_entries_record_where_their_numbers_came_from():
         assert k["name"] in first and k["digest"] in first
 
 
+def test_every_file_is_named_by_the_manifest():
+    """A kernel file or launcher no manifest entry names is dead weight the module never builds, and a sign
+    that a re-freeze's results were copied over an older folder (it happened once: old renderings came back)."""
+    scalar = [k for which in ("scalar", "scalar_bwd") for k in m["generic"][which].values()]
+    named = {k["file"] for k in m["kernels"] + scalar} | {m["launcher"]}
+    files = {p.relative_to(GEN).as_posix() for p in GEN.rglob("*") if p.is_file() and p.suffix in (".cu", ".cpp")}
+    assert files - named == set(), "files in generated/ the manifest does not name: remove them or re-freeze"
+
+
 def test_target_shape_is_frozen():
     assert "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias" in {e["key"] for e in m["entries"]}
 
