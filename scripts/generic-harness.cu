@@ -85,7 +85,7 @@ float median_ms(F call) {
 
 bool forward(const char* tag, const Launch launch, const int bytes, const bool bf16, const long long B,
              const long long C, const long long L, const long long K, const long long S, const long long P,
-             const long long D) {
+             const long long D, const bool blc = false) {
     const long long Lout = (L + 2 * P - D * (K - 1) - 1) / S + 1;
     const size_t out_bytes = static_cast<size_t>(B * C * Lout * bytes);
     void *x, *w, *y, *copy;
@@ -95,7 +95,8 @@ bool forward(const char* tag, const Launch launch, const int bytes, const bool b
     cudaMalloc(&copy, out_bytes);
     fill(x, B * C * L, bytes, bf16, 10);
     fill(w, C * K, bytes, bf16, 20);
-    const long long xs[3] = {C * L, L, 1}, ys[3] = {C * Lout, Lout, 1};
+    // (B, C, L) memory, or (B, L, C) (channels contiguous, as a transposed view passes them; y the same)
+    const long long xs[3] = {C * L, blc ? 1 : L, blc ? C : 1}, ys[3] = {C * Lout, blc ? 1 : Lout, blc ? C : 1};
     cudaMemset(y, 0xff, out_bytes);  // NaN in every dtype: an output left unwritten shows in the hash
     const auto call = [&] { return launch(x, w, nullptr, y, B, C, L, Lout, K, S, P, D, 0, xs, ys, nullptr); };
     const int rc = call();
@@ -158,6 +159,11 @@ int main() {
     ok &= forward("bf16 8x1024x6000 K3 S3", dwgen_launch_dw1d_any_bf16, 2, true, 8, 1024, 6000, 3, 3, 1, 1);
     ok &= forward("fp16 4x256x16000 K15", dwgen_launch_dw1d_any_f16, 2, false, 4, 256, 16000, 15, 1, 7, 1);
     ok &= forward("bf16 16x512x2001 K7", dwgen_launch_dw1d_any_bf16, 2, true, 16, 512, 2001, 7, 1, 3, 1);
+    // (B, L, C): the bench's stride-3 row, then a long filter, a dilation and C not a whole number of vectors
+    ok &= forward("blc bf16 8x1024x6000 K3 S3", dwgen_launch_dw1d_any_bf16, 2, true, 8, 1024, 6000, 3, 3, 1, 1, true);
+    ok &= forward("blc fp16 16x512x2000 K15", dwgen_launch_dw1d_any_f16, 2, false, 16, 512, 2000, 15, 1, 7, 1, true);
+    ok &= forward("blc fp32 8x1024x4000 K5 D2", dwgen_launch_dw1d_any_f32, 4, false, 8, 1024, 4000, 5, 1, 4, 2, true);
+    ok &= forward("blc bf16 8x1020x6000 K3 S2", dwgen_launch_dw1d_any_bf16, 2, true, 8, 1020, 6000, 3, 2, 1, 1, true);
     ok &= backward("bwd fp16 16x512x2000 K15", dwgen_launch_dw1d_bwd_any_f16, dwgen_workspace_dw1d_bwd_any_f16, 2,
                    false, 16, 512, 2000, 15, 1, 7, 1);
     ok &= backward("bwd fp32 8x1024x4000 K5 D2", dwgen_launch_dw1d_bwd_any_f32, dwgen_workspace_dw1d_bwd_any_f32, 4,

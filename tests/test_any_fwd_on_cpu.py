@@ -15,6 +15,7 @@ from tests.cuda_on_cpu import build_generic, build_walking, raw, strided_raw
 MAIN = r"""
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #define CAT2(a, b) a##b
 #define CAT(a, b) CAT2(a, b)
 // argv: input file, output file, B, C, L, Lout, K, S, P, D, act, bias, then x's and y's strides
@@ -31,10 +32,14 @@ int main(int argc, char** argv) {
     void* x = std::aligned_alloc(64, (xn * e + 63) / 64 * 64 + 64);
     void* w = std::aligned_alloc(64, (C * K * e + 63) / 64 * 64 + 64);
     void* b = std::aligned_alloc(64, (C * e + 63) / 64 * 64 + 64);
-    void* y = std::aligned_alloc(64, (yn * e + 63) / 64 * 64 + 64);
+    const long long ybytes = (yn * e + 63) / 64 * 64 + 64;
+    void* y = std::aligned_alloc(64, ybytes);
+    std::memset(y, 0xff, ybytes);  // NaN in every type: an output left unwritten shows, and so does a write past y
     if (std::fread(x, e, xn, in) != static_cast<size_t>(xn) || std::fread(w, e, C * K, in) != static_cast<size_t>(C * K) ||
         std::fread(b, e, C, in) != static_cast<size_t>(C)) return 3;
     if (CAT(dwgen_launch_, NAME)(x, w, v[9] ? b : nullptr, y, B, C, L, Lout, K, S, P, D, act, xs, ys, nullptr) != 0) return 4;
+    for (long long i = yn * e; i < ybytes; ++i)
+        if (static_cast<unsigned char*>(y)[i] != 0xff) return 5;
     FILE* out = std::fopen(argv[2], "wb");
     std::fwrite(y, e, yn, out);
     std::fclose(out);
@@ -127,7 +132,7 @@ def test_a_window_past_the_span_filled_ahead_takes_the_rows_kernel(binaries, dty
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_a_b_l_c_x_takes_the_loop_kernel_with_channels_fastest(binaries, dtype):
+def test_a_b_l_c_x_takes_the_channel_kernel_and_the_loop_past_its_weights(binaries, dtype):
     x, w, b = inputs(dtype, 2, 24, 333, 9)
     blc = x.transpose(1, 2).contiguous().transpose(1, 2)
     check(binaries, dtype, blc, w, b, 9, 1, 4, 4, 1, layout_out="blc")
@@ -136,6 +141,39 @@ def test_a_b_l_c_x_takes_the_loop_kernel_with_channels_fastest(binaries, dtype):
     # more channels than a block's threads
     x, w, b = inputs(dtype, 1, render.ANY_THREADS + 44, 40, 5, seed=5)
     check(binaries, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 5, 2, 2, 2, 1, layout_out="blc")
+    # past the channel kernel's weights (K * 16 bytes of a vector's taps over 16 KB): the loop, channels fastest
+    x, w, b = inputs(dtype, 1, 16, 1200, 1100, seed=6)
+    check(binaries, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 1100, 1, 549, 550, 1,
+          layout_out="blc")
+
+
+# (B, C, L, K, stride, left, right, dilation) over (B, L, C): the channel kernel by 16-byte vectors (C a multiple
+# of 8) and one element at a time (C odd), tiles narrower than a warp's width (few channels) and channels past one
+# tile, strides 1 to 4, dilations to 8, K to 64 (the weights' room halves the tile), causal and longer outputs
+CHANNELS = [(2, 24, 333, 9, 1, 4, 4, 1), (1, 8, 97, 3, 3, 1, 1, 1), (2, 40, 260, 5, 2, 4, 0, 2),
+            (1, 264, 50, 4, 1, 3, 0, 1), (1, 7, 130, 7, 4, 9, 9, 8), (2, 16, 100, 64, 1, 40, 23, 1),
+            (1, 1032, 41, 33, 2, 16, 16, 1), (1, 13, 20, 3, 1, 30, 30, 1), (3, 32, 1, 1, 1, 0, 0, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", CHANNELS, ids=lambda c: "x".join(map(str, c)))
+def test_the_channel_kernel_matches_float64(binaries, dtype, case):
+    bsz, ch, length, k, stride, left, right, dilation = case
+    x, w, b = inputs(dtype, bsz, ch, length, k, bias=ch % 2 == 0, seed=ch)
+    blc = x.transpose(1, 2).contiguous().transpose(1, 2)
+    check(binaries, dtype, blc, w, b, k, stride, left, right, dilation, act=int(k == 5), layout_out="blc")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_channel_kernel_reads_a_view_off_the_vector_boundary_and_walks_a_rows_steps(binaries, walking, dtype):
+    """Channels 1 to C of a (B, L, C + 1) tensor: x starts one element into a vector (one element at a time); then
+    every block walking all its row's steps (ROW_BLOCKS 1), a partial last step."""
+    x, w, b = inputs(dtype, 2, 33, 400, 5, seed=7)
+    view = x.transpose(1, 2).contiguous().transpose(1, 2)[:, 1:, :]
+    check(binaries, dtype, view, w[1:], b[1:], 5, 2, 2, 2, 1, layout_out="blc")
+    x, w, b = inputs(dtype, 2, 16, 3001, 7, seed=8)
+    check(walking, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 7, 1, 6, 0, 1, act=1,
+          layout_out="blc")
 
 
 def test_strided_views_and_spans_past_shared_memory_take_the_loop_kernel(binaries):
