@@ -163,6 +163,7 @@ int main() {
     ok &= forward("blc bf16 8x1024x6000 K3 S3", dwgen_launch_dw1d_any_bf16, 2, true, 8, 1024, 6000, 3, 3, 1, 1, true);
     ok &= forward("blc fp16 16x512x2000 K15", dwgen_launch_dw1d_any_f16, 2, false, 16, 512, 2000, 15, 1, 7, 1, true);
     ok &= forward("blc fp32 8x1024x4000 K5 D2", dwgen_launch_dw1d_any_f32, 4, false, 8, 1024, 4000, 5, 1, 4, 2, true);
+    ok &= forward("blc fp16 32x512x1024 K31", dwgen_launch_dw1d_any_f16, 2, false, 32, 512, 1024, 31, 1, 15, 1, true);
     ok &= forward("blc bf16 8x1020x6000 K3 S2", dwgen_launch_dw1d_any_bf16, 2, true, 8, 1020, 6000, 3, 2, 1, 1, true);
     ok &= backward("bwd fp16 16x512x2000 K15", dwgen_launch_dw1d_bwd_any_f16, dwgen_workspace_dw1d_bwd_any_f16, 2,
                    false, 16, 512, 2000, 15, 1, 7, 1);

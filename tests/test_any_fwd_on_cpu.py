@@ -176,6 +176,26 @@ def test_the_channel_kernel_reads_a_view_off_the_vector_boundary_and_walks_a_row
           layout_out="blc")
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_sliding_window_keeps_an_inf_past_the_last_tap_out_and_one_inside_in(binaries, dtype):
+    """Stride and dilation 1 over (B, L, C): the window loads positions past the last tap's reach (a group of four
+    taps at a time): an infinite input there must not meet a tap past K; one the taps reach gives PyTorch's inf or
+    NaN where the float64 reference has them."""
+    import torch
+
+    for k in (5, 6, 7, 8):
+        x, w, b = inputs(dtype, 1, 8, 64, k, seed=k)
+        x[0, :, 40] = float("inf")
+        x[0, 3, 41] = float("-inf")
+        blc = x.transpose(1, 2).contiguous().transpose(1, 2)
+        y = run(binaries, dtype, blc, w, b, k, 1, k // 2, k - 1 - k // 2, 1, layout_out="blc").double()
+        ref = reference(x, w, b, 1, k // 2, k - 1 - k // 2, 1)
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref)), k
+        finite = torch.isfinite(ref)
+        tol = 1e-5 if dtype == "fp32" else 2.0**-7
+        assert ((y - ref)[finite].abs().max() / ref[finite].abs().max()).item() <= tol
+
+
 def test_strided_views_and_spans_past_shared_memory_take_the_loop_kernel(binaries):
     import torch
 
