@@ -165,15 +165,24 @@ def test_the_channel_kernel_matches_float64(binaries, dtype, case):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_the_channel_kernel_reads_a_view_off_the_vector_boundary_and_walks_a_rows_steps(binaries, walking, dtype):
-    """Channels 1 to C of a (B, L, C + 1) tensor: x starts one element into a vector (one element at a time); then
-    every block walking all its row's steps (ROW_BLOCKS 1), a partial last step."""
+def test_the_channel_kernel_reads_a_view_off_the_vector_boundary(binaries, dtype):
+    """Channels 1 to C of a (B, L, C + 1) tensor: x starts one element into a vector (one element at a time), with
+    and without the sliding window; a partial last step."""
     x, w, b = inputs(dtype, 2, 33, 400, 5, seed=7)
     view = x.transpose(1, 2).contiguous().transpose(1, 2)[:, 1:, :]
     check(binaries, dtype, view, w[1:], b[1:], 5, 2, 2, 2, 1, layout_out="blc")
     x, w, b = inputs(dtype, 2, 16, 3001, 7, seed=8)
-    check(walking, dtype, x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 7, 1, 6, 0, 1, act=1,
-          layout_out="blc")
+    check(binaries, dtype, x.transpose(1, 2).contiguous().transpose(1, 2)[:, 1:, :], w[1:], b[1:], 7, 1, 6, 0, 1,
+          act=1, layout_out="blc")
+
+
+@pytest.mark.parametrize("dilation", [1, 2], ids=["slide", "taps"])
+def test_a_channel_block_walks_several_steps_of_a_long_row(binaries, dilation):
+    """One tile of two channels and a row of 2.2M outputs: more steps (1024 outputs each) than CHAN_BLOCKS blocks,
+    so each block walks two of them, with and without the sliding window."""
+    x, w, b = inputs("fp32", 1, 2, 2_200_000, 5, seed=9)
+    check(binaries, "fp32", x.transpose(1, 2).contiguous().transpose(1, 2), w, b, 5, 1, 2 * dilation,
+          2 * dilation, dilation, layout_out="blc")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
