@@ -81,11 +81,24 @@ def reference(x, w, b, stride, left, right, dilation, act=0):
     return y * torch.sigmoid(y) if act else y
 
 
+def tolerance(dtype):
+    return 1e-5 if dtype == "fp32" else 2.0**-7
+
+
+def assert_same_infinities(y, ref, tol):
+    """NaN and inf where the float64 reference has them, and within tol elsewhere."""
+    import torch
+
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    assert ((y - ref)[finite].abs().max() / ref[finite].abs().max()).item() <= tol
+
+
 def check(binaries, dtype, x, w, b, k, stride, left, right, dilation, act=0, layout_out="bcl"):
     y = run(binaries, dtype, x, w, b, k, stride, left, right, dilation, act, layout_out).double()
     ref = reference(x, w, b, stride, left, right, dilation, act)
     assert y.shape == ref.shape
-    tol = 1e-5 if dtype == "fp32" else 2.0**-7
+    tol = tolerance(dtype)
     err = ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
     assert err <= tol, (dtype, x.shape, k, stride, left, right, dilation, err)
 
@@ -190,19 +203,13 @@ def test_the_sliding_window_keeps_an_inf_past_the_last_tap_out_and_one_inside_in
     """Stride and dilation 1 over (B, L, C): the window loads positions past the last tap's reach (a group of four
     taps at a time): an infinite input there must not meet a tap past K; one the taps reach gives PyTorch's inf or
     NaN where the float64 reference has them."""
-    import torch
-
     for k in (5, 6, 7, 8):
         x, w, b = inputs(dtype, 1, 8, 64, k, seed=k)
         x[0, :, 40] = float("inf")
         x[0, 3, 41] = float("-inf")
         blc = x.transpose(1, 2).contiguous().transpose(1, 2)
         y = run(binaries, dtype, blc, w, b, k, 1, k // 2, k - 1 - k // 2, 1, layout_out="blc").double()
-        ref = reference(x, w, b, 1, k // 2, k - 1 - k // 2, 1)
-        assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref)), k
-        finite = torch.isfinite(ref)
-        tol = 1e-5 if dtype == "fp32" else 2.0**-7
-        assert ((y - ref)[finite].abs().max() / ref[finite].abs().max()).item() <= tol
+        assert_same_infinities(y, reference(x, w, b, 1, k // 2, k - 1 - k // 2, 1), tolerance(dtype))
 
 
 def test_strided_views_and_spans_past_shared_memory_take_the_loop_kernel(binaries):
@@ -218,15 +225,10 @@ def test_strided_views_and_spans_past_shared_memory_take_the_loop_kernel(binarie
 
 def test_an_inf_past_the_last_tap_stays_out_of_the_sum(binaries):
     """The window's last step loads taps past K: they must not be multiplied in (0 * Inf is NaN)."""
-    import torch
-
     x, w, b = inputs("fp32", 1, 1, 1100, 5, seed=4)
     x[0, 0, 600] = float("inf")
     y = run(binaries, "fp32", x, w, b, 5, 1, 2, 2, 1).double()
-    ref = reference(x, w, b, 1, 2, 2, 1)
-    assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
-    finite = torch.isfinite(ref)
-    assert ((y - ref)[finite].abs().max() / ref[finite].abs().max()).item() <= 1e-5
+    assert_same_infinities(y, reference(x, w, b, 1, 2, 2, 1), 1e-5)
 
 
 
