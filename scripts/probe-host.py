@@ -55,6 +55,8 @@ def main() -> None:
     generated.depthwise_conv1d(x, w, None, 1, pad)  # builds and loads the extension, registering the op
     op = torch.ops.dwgen.depthwise_conv1d.default
     direct = generated.build().forward
+    bwd = torch.ops.dwgen.depthwise_conv1d_backward.default
+    gy = torch.randn(b, c, n + 2 * pad - a.k + 1, device="cuda")
     rows = {
         "F.conv1d": lambda: F.conv1d(x, w, None, 1, pad, 1, c),
         "dwgen plain call": lambda: generated.depthwise_conv1d(x, w, None, 1, pad),
@@ -65,6 +67,11 @@ def main() -> None:
         "F.conv1d, grad": lambda: F.conv1d(xg, wp, None, 1, pad, 1, c),
         "dwgen, grad": lambda: generated.depthwise_conv1d(xg, wp, None, 1, pad),
         "layer, grad": lambda: layer(xg),
+        # a training step's host work: the forward, then autograd's backward through the engine (the bench's
+        # training rows read it from 20 calls once; here in rounds, beside PyTorch's)
+        "F.conv1d fwd+bwd": lambda: torch.autograd.grad(F.conv1d(xg, wp, None, 1, pad, 1, c), (xg, wp), gy),
+        "dwgen fwd+bwd": lambda: torch.autograd.grad(generated.depthwise_conv1d(xg, wp, None, 1, pad), (xg, wp), gy),
+        "dwgen backward op alone": lambda: bwd(gy, x, w, None, 1, pad, pad, 1, 0),
     }
     print(f"host µs per call, {a.shape} K{a.k} fp32 (median, p10-p90 over 9 rounds of 200 calls, rows interleaved)")
     for name, (m, lo, hi) in host_us(rows).items():
