@@ -245,3 +245,11 @@ def test_a_cell_outside_tolerance_shows_its_error_and_never_passes_quietly():
     assert cell(ok) == "0.5000 (1.25x, 1.20-1.30)"
     assert cell({**ok, "correct": False, "max_rel_error": 0.0069}) == "0.5000 (1.25x, 1.20-1.30) ‡ 6.9e-03"
     assert cell({**ok, "correct": False}).endswith(" ‡")  # a crash or mismatch without an error figure
+
+
+def test_table_says_how_host_times_were_taken():
+    """A run that took host times as medians over rounds says so; results from before (no host_rounds) do not."""
+    results = results_with_training_rows()
+    assert "the median of" not in bench_main.markdown(results).splitlines()[0]
+    results["host_rounds"] = 7
+    assert "µs of CPU to issue it, the median of 7 rounds;" in bench_main.markdown(results).splitlines()[0]

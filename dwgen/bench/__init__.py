@@ -25,6 +25,8 @@ class Timing:
         return {"median_ms": self.median_ms, "min_ms": self.min_ms, "reps": self.reps}
 
 
+HOST_ROUNDS = 7  # rounds of calls whose median is a host-time figure
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0-100) by linear interpolation between order statistics."""
     xs = sorted(values)
@@ -140,20 +142,25 @@ def timed_form(fn: Callable[[], object], graphs: bool) -> tuple[Callable[[], obj
         return fn, "plain (capture failed)"
 
 
-def host_us_per_call(fn: Callable[[], object], calls: int = 100) -> float:
-    """Microseconds of CPU time to issue one call; few enough calls that the launch queue never fills."""
+def host_us_per_call(fn: Callable[[], object], calls: int = 100, rounds: int = HOST_ROUNDS) -> float:
+    """Microseconds of CPU time to issue one call: the median over rounds of `calls` calls each, few enough
+    that the launch queue never fills. One round of an autograd step swings by half (the engine's thread
+    hand-off), so a single round would rank two contenders by chance."""
+    import statistics
     import time
 
     import torch
 
     fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per_call)
 
 
 def _l2_bytes() -> int:

@@ -88,6 +88,8 @@ def cell(r: dict) -> str:
 
 def markdown(results: dict) -> str:
     m = results["machine"]
+    # results from before host times were medians over rounds say nothing of rounds
+    host_rounds = f", the median of {results['host_rounds']} rounds" if results.get("host_rounds") else ""
     lines = [f"Measured on {m['gpu']} (driver {m['driver']}, torch {m['torch']}, CUDA {m['cuda']}), {m['date']}, "
              "by `python -m dwgen.bench`. Each cell: median ms (x copy_ of the same bytes, then the 10th-90th "
              "percentile of that ratio over the rounds, timed interleaved in the same process). Problems "
@@ -96,7 +98,8 @@ def markdown(results: dict) -> str:
              "could not be captured; ‡ a result outside the dtype's tolerance against "
              "float64, with its largest relative error (PyTorch's 16-bit SiLU rows land there: it rounds the "
              "convolution to 16 bits before SiLU, twice in all). Then PyTorch eager's "
-             "time over dwgen's, and the host time of one plain call (µs of CPU to issue it; it is hidden when "
+             "time over dwgen's, and the host time of one plain call (µs of CPU to issue it"
+             f"{host_rounds}; it is hidden when "
              "the GPU is busy, and it is what a short problem costs outside a graph).", ""]
     if any(r.get("direction", "fwd") != "fwd" for rows in results["suites"].values() for r in rows):
         lines[0] += (" Rows with a direction time a training step's parts on inputs that require grad: fwd, "
@@ -154,7 +157,7 @@ def main(argv: list[str]) -> int:
         return 1
     from dwgen.worker import machine_info
 
-    results = {"machine": machine_info(), "suites": {}}
+    results = {"machine": machine_info(), "host_rounds": bench.HOST_ROUNDS, "suites": {}}
     for path, problems in suites.items():
         rows = []
         for case in problems:
