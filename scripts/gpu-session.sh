@@ -45,6 +45,10 @@
 #   renders scripts/generic-harness.cu built against each folder of RENDERS (renderings of the generic kernels made
 #           with scripts/render-generic.py under .renders/, carried: e.g. RENDERS=".renders/base .renders/new"), the
 #           whole set run twice, interleaved (renders.log): one process's timings and output hashes side by side
+#   ab      scripts/probe-ab.py $AB_ARGS: tuned variants rendered as now (A) and with a named edit to the rendered
+#           source (B), both checked, then timed in shuffled interleaved rounds beside copy_ (ab.log); e.g.
+#           AB_ARGS="--shape 8x4096x2048 -k 4 --padding causal --activation silu --dtype bf16 --direction bwd
+#           --edit same --edit stream dw1d_bwdlane_bf16_k4_t128_o8_n2_h2" (`same`, A built again, is the control)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -114,6 +118,7 @@ for step in "$@"; do
                  nvcc $flags -arch=sm_90 -I "$d" -o "/tmp/harness_${d//\//_}" scripts/generic-harness.cu; done
                rc=0; for round in 1 2; do for d in $RENDERS; do echo "== $d (round $round)"
                  "/tmp/harness_${d//\//_}" || rc=1; done; done; exit $rc' ;;
+    ab) timed ab python3 scripts/probe-ab.py ${AB_ARGS:?AB_ARGS names a problem, edits and variants} ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -1,0 +1,213 @@
+"""A/B a kernel idea on tuned variants without touching the templates: each named variant is rendered as the
+templates are now (A) and again with a named edit applied to that rendered source (B), both built with the
+search's flags, both checked as the search checks a candidate (the problem and the family's edge problems
+against float64, outputs NaN-filled, and on a side stream), then timed interleaved with copy_ of the same
+bytes, round by round, in one process, each round in a fresh order (no side always follows copy_).
+
+    python scripts/probe-ab.py --shape 8x4096x2048 -k 4 --padding causal --activation silu --dtype bf16 \
+        --direction bwd --edit stream --edit l2pf dw1d_bwdlane_bf16_k4_t128_o8_n2_h2
+
+Prints, per variant, each side's median ms, its x copy_ with the 10th-90th percentile over the rounds, and B's
+change against A in the same rounds (median and spread of B/A). A quick look before a template change, not a
+benchmark: an edit that wins here still goes through a template, a re-tune and the gate.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dwgen import build, render  # noqa: E402
+from dwgen.problem import ProblemError  # noqa: E402
+from dwgen.space import variant_from_name  # noqa: E402
+from dwgen.suite import add_problem_arguments, problem_from_args  # noqa: E402
+
+# 16-byte and 8-byte global loads through the non-coherent path with an L2 prefetch of the 256-byte sector
+# group around them (PTX ISA: ld's .L2::256B prefetch size); `l1` says whether L1 keeps the line.
+_PREFETCH_LOAD = """__device__ __forceinline__ vec_t ld_prefetch(const vec_t* q) {{
+    if constexpr (sizeof(vec_t) == 16) {{
+        uint4 r;
+        asm("ld.global.nc{l1}.L2::256B.v4.u32 {{%0, %1, %2, %3}}, [%4];"
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(q));
+        return *reinterpret_cast<const vec_t*>(&r);
+    }} else if constexpr (sizeof(vec_t) == 8) {{
+        uint2 r;
+        asm("ld.global.nc{l1}.L2::256B.v2.u32 {{%0, %1}}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(q));
+        return *reinterpret_cast<const vec_t*>(&r);
+    }} else {{
+        return __ldg(q);
+    }}
+}}
+__device__ __forceinline__ vec_t load_vec(const T* p) {{"""
+
+# name -> (what it tries, [(old text, new text), ...]); an edit whose old text a source lacks leaves it alone
+EDITS = {
+    "stream": ("evict-first loads and stores (__ldcs/__stcs) in load_vec and store_vec",
+               [("constexpr bool STREAM = false;", "constexpr bool STREAM = true;")]),
+    "l2pf": ("load_vec through ld.global.nc.L2::256B (L1 kept)",
+             [("__device__ __forceinline__ vec_t load_vec(const T* p) {", _PREFETCH_LOAD.format(l1="")),
+              ("return __ldg(q);   // read-only path", "return ld_prefetch(q);   // read-only path")]),
+    "l2pf_nol1": ("load_vec through ld.global.nc.L1::no_allocate.L2::256B",
+                  [("__device__ __forceinline__ vec_t load_vec(const T* p) {",
+                    _PREFETCH_LOAD.format(l1=".L1::no_allocate")),
+                   ("return __ldg(q);   // read-only path", "return ld_prefetch(q);   // read-only path")]),
+    "ring256": ("the walk's ring copies (cp.async.ca) with an L2::256B prefetch",
+                [("cp.async.ca.shared.global [", "cp.async.ca.shared.global.L2::256B [")]),
+    "async256": ("cp.async.cg copies with an L2::256B prefetch",
+                 [("cp.async.cg.shared.global [", "cp.async.cg.shared.global.L2::256B [")]),
+}
+
+
+def edited(source: str, edit: str) -> str | None:
+    """The source with every substitution of the edit made (edits joined by + are made in turn; `same` only
+    appends a comment: the control, A built again, which should read 1.000), or None where one finds nothing."""
+    for name in edit.split("+"):
+        if name == "same":
+            source += "\n// probe-ab: the same kernel, built again\n"
+            continue
+        for old, new in EDITS[name][1]:
+            if old not in source:
+                return None
+            source = source.replace(old, new)
+    return source
+
+
+def edit_name(text: str) -> str:
+    if not all(name == "same" or name in EDITS for name in text.split("+")):
+        raise argparse.ArgumentTypeError(f"unknown edit {text!r}: use same or {', '.join(sorted(EDITS))}, "
+                                         "joined by + to make several")
+    return text
+
+
+def timed_rounds(timer, fns: dict, rounds: int, shuffle: bool) -> tuple[dict, dict[str, list[str]]]:
+    """fns timed in rounds, each round in a fresh (seeded) order where shuffle is set: a fixed cyclic order
+    has one side always run after copy_ (2-3% slower on 0.1 ms backwards, read from a control side) and the
+    others after a kernel that read the same inputs. Returns each side's Timing and, per sample, what ran
+    before it."""
+    import random
+    import statistics
+
+    import torch
+
+    from dwgen.bench import Timing
+
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    rng, names, prev = random.Random(0), list(fns), None
+    events: dict[str, list] = {k: [] for k in names}
+    after: dict[str, list[str]] = {k: [] for k in names}
+    for _ in range(rounds):
+        if shuffle:
+            rng.shuffle(names)
+        for k in names:
+            events[k].append(timer._once(fns[k]))
+            after[k].append(prev or "")
+            prev = k
+    torch.cuda.synchronize()
+    out = {}
+    for k, evs in events.items():
+        times = [s.elapsed_time(e) for s, e in evs]
+        out[k] = Timing(statistics.median(times), min(times), len(times), tuple(times))
+    return out, after
+
+
+def spread(samples: list[float]) -> tuple[float, float, float]:
+    from dwgen.bench import percentile
+
+    return percentile(samples, 10), percentile(samples, 50), percentile(samples, 90)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/probe-ab.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_problem_arguments(ap)
+    ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--edit", action="append", type=edit_name, required=True,
+                    help=f"same (the control) or one of {', '.join(sorted(EDITS))}; a+b makes both")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",
+                    help="each round in a fresh order (default), or copy_, A, then the edits every round")
+    ap.add_argument("names", nargs="+", metavar="NAME")
+    a = ap.parse_args(argv)
+    import torch
+
+    try:
+        p = problem_from_args(a)
+        variants = [variant_from_name(n, p, a.direction) for n in a.names]
+    except (ProblemError, ValueError) as e:
+        print(f"probe-ab: {e}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("probe-ab: needs a CUDA GPU (it launches the variants)", file=sys.stderr)
+        return 2
+    from dwgen import bench
+    from dwgen.worker import Candidate, _Bench, _BwdBench
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    sides = []  # (variant, side label, source)
+    for v in variants:
+        base = render.render_variant(v)
+        sides.append((v, "A", base))
+        for e in a.edit:
+            src = edited(base, e)
+            if src is None:
+                print(f"{v.name}: edit {e} finds nothing to change; skipped")
+            else:
+                sides.append((v, e, src))
+    jobs = [(v.name, src, build.build_key(v.digest + hashlib.sha256(src.encode()).hexdigest()[:12], arch))
+            for v, _, src in sides]
+    builds = build.compile_many(jobs, ROOT / "runs" / "build", arch=arch)
+    evaluator = (_BwdBench if a.direction == "bwd" else _Bench)(p)
+    fns, launchers, bad = {"copy_": bench.copy_operands(p)}, [], 0
+    try:
+        for (v, side, _), b in zip(sides, builds, strict=True):
+            label = f"{v.name} [{side}]"
+            if not b.ok:
+                print(f"{label}: build failed\n{b.log[-1500:]}", file=sys.stderr)
+                bad += 1
+                continue
+            launcher = evaluator.launcher(Candidate(v, b.library))
+            launchers.append(launcher)
+            wrong = [o for o in [*evaluator.checks(launcher), evaluator.stream_check(launcher)] if not o.ok]
+            if wrong:
+                print(f"{label}: WRONG: {wrong[0].message}")
+                bad += 1
+                continue
+            fns[label] = evaluator.timed(launcher)
+        times, after = timed_rounds(evaluator.timer, fns, a.rounds, shuffle=a.order == "shuffled")
+    finally:
+        torch.cuda.synchronize()
+        for launcher in launchers:
+            launcher.unload()
+    copy = times.pop("copy_")
+    # Every kernel side reads the same x (and grad_out): one that runs right after another may find the tail
+    # of those in L2, one after copy_ (its own tensors) cannot. Pooled over the sides, each sample over its
+    # side's median, by what ran before it:
+    pooled = {"after copy_": [], "after a kernel": []}
+    for label, t in times.items():
+        for ms, prev in zip(t.samples, after[label], strict=True):
+            if prev:  # the first sample of all follows the warm-up
+                pooled["after copy_" if prev == "copy_" else "after a kernel"].append(ms / t.median_ms)
+    print(f"{p.key} {a.direction}, {a.rounds} interleaved rounds; copy_ {copy.median_ms:.4f} ms")
+    print(f"{'variant [edit]':60s} {'ms':>8s}  x copy (p10-p90)      B/A (p10-p90)")
+    for label, t in times.items():
+        lo, mid, hi = spread([s / c for s, c in zip(t.samples, copy.samples, strict=True)])
+        line = f"{label:60s} {t.median_ms:8.4f}  {mid:.3f}x ({lo:.3f}-{hi:.3f})"
+        a_label = label.rsplit(" [", 1)[0] + " [A]"
+        if not label.endswith("[A]") and a_label in times:
+            r = spread([s / r for s, r in zip(t.samples, times[a_label].samples, strict=True)])
+            line += f"   {r[1]:.3f} ({r[0]:.3f}-{r[2]:.3f})"
+        print(line)
+    print("  ".join(f"{k}: {spread(v)[1]:.3f} of the side's median ({len(v)} samples)" for k, v in pooled.items()
+                    if v))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
