@@ -21,10 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import probecli  # noqa: E402  (beside this script)
 from dwgen import build, render  # noqa: E402
-from dwgen.problem import ProblemError  # noqa: E402
-from dwgen.space import variant_from_name  # noqa: E402
-from dwgen.suite import add_problem_arguments, problem_from_args  # noqa: E402
 
 # 16-byte and 8-byte global loads through the non-coherent path with an L2 prefetch of the 256-byte sector
 # group around them (PTX ISA: ld's .L2::256B prefetch size); `l1` says whether L1 keeps the line.
@@ -77,8 +75,9 @@ def edited(source: str, edit: str) -> str | None:
 
 
 def edit_name(text: str) -> str:
-    if not all(name == "same" or name in EDITS for name in text.split("+")):
-        raise argparse.ArgumentTypeError(f"unknown edit {text!r}: use same or {', '.join(sorted(EDITS))}, "
+    unknown = [name for name in text.split("+") if name != "same" and name not in EDITS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown edit {unknown[0]!r}: use same or {', '.join(sorted(EDITS))}, "
                                          "joined by + to make several")
     return text
 
@@ -123,33 +122,22 @@ def spread(samples: list[float]) -> tuple[float, float, float]:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="scripts/probe-ab.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_problem_arguments(ap)
-    ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    ap = probecli.parser("scripts/probe-ab.py", __doc__)
     ap.add_argument("--edit", action="append", type=edit_name, required=True,
                     help=f"same (the control) or one of {', '.join(sorted(EDITS))}; a+b makes both")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",
                     help="each round in a fresh order (default), or copy_, A, then the edits every round")
-    ap.add_argument("names", nargs="+", metavar="NAME")
     a = ap.parse_args(argv)
+    resolved = probecli.resolve(a, "probe-ab")
+    if resolved is None:
+        return 2
+    p, variants, arch = resolved
     import torch
 
-    try:
-        p = problem_from_args(a)
-        variants = [variant_from_name(n, p, a.direction) for n in a.names]
-    except (ProblemError, ValueError) as e:
-        print(f"probe-ab: {e}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("probe-ab: needs a CUDA GPU (it launches the variants)", file=sys.stderr)
-        return 2
     from dwgen import bench
     from dwgen.worker import Candidate, _Bench, _BwdBench
 
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}"
     sides = []  # (variant, side label, source)
     for v in variants:
         base = render.render_variant(v)

@@ -10,17 +10,14 @@ inside an NVTX range named probe (so that ncu can leave the check's launches out
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import probecli  # noqa: E402  (beside this script)
 from dwgen import build, render  # noqa: E402
-from dwgen.problem import ProblemError  # noqa: E402
-from dwgen.space import variant_from_name  # noqa: E402
-from dwgen.suite import add_problem_arguments, problem_from_args  # noqa: E402
 from dwgen.worker import BwdLauncher, Candidate, Launcher  # noqa: E402
 
 
@@ -52,26 +49,13 @@ def probe(p, v, library: str, direction: str, reps: int) -> tuple[bool, str]:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="scripts/probe-variant.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_problem_arguments(ap)
-    ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    ap = probecli.parser("scripts/probe-variant.py", __doc__)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("names", nargs="+", metavar="NAME")
     a = ap.parse_args(argv)
-    import torch
-
-    try:
-        p = problem_from_args(a)
-        variants = [variant_from_name(n, p, a.direction) for n in a.names]
-    except (ProblemError, ValueError) as e:
-        print(f"probe-variant: {e}", file=sys.stderr)
+    resolved = probecli.resolve(a, "probe-variant")
+    if resolved is None:
         return 2
-    if not torch.cuda.is_available():
-        print("probe-variant: needs a CUDA GPU (it launches the variants)", file=sys.stderr)
-        return 2
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}"
+    p, variants, arch = resolved
     builds = build.compile_many([(v.name, render.render_variant(v), build.build_key(v.digest, arch))
                                  for v in variants], ROOT / "runs" / "build", arch=arch)  # tune.py's cache
     bad = 0

@@ -1,0 +1,55 @@
+"""scripts/probe-ab.py's edits, on the CPU: what each changes in a rendered source, and that the templates still
+hold the text the edits look for (a template change would otherwise make the probe skip them quietly)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+_spec = importlib.util.spec_from_file_location("probe_ab", ROOT / "scripts" / "probe-ab.py")
+probe_ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(probe_ab)
+
+from dwgen import render  # noqa: E402
+from dwgen.problem import Problem  # noqa: E402
+from dwgen.space import variant_from_name  # noqa: E402
+
+MAMBA = Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16", False, "bcl", padding_right=0, activation="silu")
+
+
+def rendered(name: str, p: Problem, direction: str = "bwd") -> str:
+    return render.render_variant(variant_from_name(name, p, direction))
+
+
+def test_same_changes_no_code_and_combined_edits_apply_in_turn():
+    src = "constexpr bool STREAM = false;\nasm(\"cp.async.ca.shared.global [%0], [%1], 8;\");\n"
+    same = probe_ab.edited(src, "same")
+    assert same.startswith(src) and same[len(src):].strip().startswith("//")
+    both = probe_ab.edited(src, "stream+ring256")
+    assert "STREAM = true;" in both and "cp.async.ca.shared.global.L2::256B [" in both
+    assert probe_ab.edited(src, "l2pf") is None  # no load_vec here: skipped, not half-applied
+
+
+def test_unknown_edit_is_refused_in_one_line():
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown edit 'bogus'"):
+        probe_ab.edit_name("stream+bogus")
+
+
+@pytest.mark.parametrize("name, problem, edits", [
+    ("dw1d_bwdlane_bf16_k4_t128_o8_n2_h2", MAMBA, ("stream", "l2pf", "l2pf_nol1")),
+    ("dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3", Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16", False, "blc",
+                                                             padding_right=0, activation="silu"),
+     ("stream", "ring256")),
+    ("dw1d_bwd_f32_k4_t256_o8_raw_b4_across", Problem(8, 4096, 2048, 4, 1, 3, 1), ("stream", "async256")),
+])
+def test_edits_find_their_text_in_the_templates(name, problem, edits):
+    src = rendered(name, problem)
+    for e in edits:
+        out = probe_ab.edited(src, e)
+        assert out is not None and out != src, e
