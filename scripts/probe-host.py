@@ -67,8 +67,8 @@ def main() -> None:
         "F.conv1d, grad": lambda: F.conv1d(xg, wp, None, 1, pad, 1, c),
         "dwgen, grad": lambda: generated.depthwise_conv1d(xg, wp, None, 1, pad),
         "layer, grad": lambda: layer(xg),
-        # a training step's host work: the forward, then autograd's backward through the engine (the bench's
-        # training rows read it from 20 calls once; here in rounds, beside PyTorch's)
+        # a training step's host work: the forward, then autograd's backward through the engine, in a fresh
+        # process (the bench's training rows, taken after its other contenders ran, read 2-4x more)
         "F.conv1d fwd+bwd": lambda: torch.autograd.grad(F.conv1d(xg, wp, None, 1, pad, 1, c), (xg, wp), gy),
         "dwgen fwd+bwd": lambda: torch.autograd.grad(generated.depthwise_conv1d(xg, wp, None, 1, pad), (xg, wp), gy),
         "dwgen backward op alone": lambda: bwd(gy, x, w, None, 1, pad, pad, 1, 0),
