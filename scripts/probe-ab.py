@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -42,7 +43,27 @@ _PREFETCH_LOAD = """__device__ __forceinline__ vec_t ld_prefetch(const vec_t* q)
 }}
 __device__ __forceinline__ vec_t load_vec(const T* p) {{"""
 
-# name -> (what it tries, [(old text, new text), ...]); an edit whose old text a source lacks leaves it alone
+# The weight sums' second launch as a programmatic dependent launch (Hopper): queued behind the kernel before it
+# in the stream, its blocks wait in cudaGridDependencySynchronize for that kernel's writes instead of the launch
+# waiting for its end, so the gap between the two launches closes.
+_PDL_LAUNCH = """#include <cuda_runtime.h>
+template <typename... P, typename... A>
+static cudaError_t dwgen_pdl_launch(void (*kernel)(P...), unsigned grid, unsigned block, cudaStream_t s, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+}
+"""
+
+# name -> (what it tries, [(old text or pattern, new text), ...]); an edit whose old text a source lacks leaves
+# it alone
 EDITS = {
     "stream": ("evict-first loads and stores (__ldcs/__stcs) in load_vec and store_vec",
                [("constexpr bool STREAM = false;", "constexpr bool STREAM = true;")]),
@@ -57,6 +78,13 @@ EDITS = {
                 [("cp.async.ca.shared.global [", "cp.async.ca.shared.global.L2::256B [")]),
     "async256": ("cp.async.cg copies with an L2::256B prefetch",
                  [("cp.async.cg.shared.global [", "cp.async.cg.shared.global.L2::256B [")]),
+    "pdl": ("the weight sums' launch programmatic-dependent on the kernel before it (backward families)",
+            [("#include <cuda_runtime.h>\n", _PDL_LAUNCH),
+             ("    constexpr int COLS = 32, GROUPS = 8;",
+              "    cudaGridDependencySynchronize();  // the partial sums of the launch before are written\n"
+              "    constexpr int COLS = 32, GROUPS = 8;"),
+             (re.compile(r"(\w+_sum)<<<(static_cast<unsigned>\(\(sums \+ 31\) / 32\)), 256, 0, s>>>\("),
+              r"dwgen_pdl_launch(\1, \2, 256, s, ")]),
 }
 
 
@@ -68,9 +96,14 @@ def edited(source: str, edit: str) -> str | None:
             source += "\n// probe-ab: the same kernel, built again\n"
             continue
         for old, new in EDITS[name][1]:
-            if old not in source:
+            if isinstance(old, re.Pattern):
+                source, count = old.subn(new, source)
+                if not count:
+                    return None
+            elif old not in source:
                 return None
-            source = source.replace(old, new)
+            else:
+                source = source.replace(old, new, 1 if old.startswith("#include") else -1)
     return source
 
 

@@ -42,14 +42,20 @@ def test_unknown_edit_is_refused_in_one_line():
 
 
 @pytest.mark.parametrize("name, problem, edits", [
-    ("dw1d_bwdlane_bf16_k4_t128_o8_n2_h2", MAMBA, ("stream", "l2pf", "l2pf_nol1")),
+    ("dw1d_bwdlane_bf16_k4_t128_o8_n2_h2", MAMBA, ("stream", "l2pf", "l2pf_nol1", "pdl")),
     ("dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3", Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16", False, "blc",
                                                              padding_right=0, activation="silu"),
-     ("stream", "ring256")),
-    ("dw1d_bwd_f32_k4_t256_o8_raw_b4_across", Problem(8, 4096, 2048, 4, 1, 3, 1), ("stream", "async256")),
+     ("stream", "ring256", "pdl")),
+    ("dw1d_bwd_f32_k4_t256_o8_raw_b4_across", Problem(8, 4096, 2048, 4, 1, 3, 1), ("stream", "async256", "pdl")),
 ])
 def test_edits_find_their_text_in_the_templates(name, problem, edits):
     src = rendered(name, problem)
     for e in edits:
         out = probe_ab.edited(src, e)
         assert out is not None and out != src, e
+
+
+def test_pdl_launches_the_sums_through_the_helper_once_and_waits_in_them():
+    src = probe_ab.edited(rendered("dw1d_bwdlane_bf16_k4_t128_o8_n2_h2", MAMBA), "pdl")
+    assert "_sum<<<" not in src and src.count("dwgen_pdl_launch(dw1d_bwdlane_bf16_k4_t128_o8_n2_h2_sum, ") == 1
+    assert src.count("#include <cuda_runtime.h>") == 1 and src.count("cudaGridDependencySynchronize();") == 1
