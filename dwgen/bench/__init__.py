@@ -26,6 +26,9 @@ class Timing:
 
 
 HOST_ROUNDS = 7  # rounds of calls whose median is a host-time figure
+# calls a round: a training step launches up to ~10 kernels, so 20 stay far below the launch queue's ~1000; each
+# round waits for its calls' GPU work, so calls cost device time (7 rounds of 100 took the bench from 64 s to 176 s)
+HOST_CALLS = 20
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -143,7 +146,7 @@ def timed_form(fn: Callable[[], object], graphs: bool) -> tuple[Callable[[], obj
         return fn, "plain (capture failed)"
 
 
-def host_us_per_call(fn: Callable[[], object], calls: int = 100, rounds: int = HOST_ROUNDS) -> float:
+def host_us_per_call(fn: Callable[[], object], calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> float:
     """Microseconds of CPU time to issue one call: the median over rounds of `calls` calls each, few enough
     that the launch queue never fills. Single rounds of 20 autograd steps read 89-142 µs in one process on the
     H200 (dwgen, 1x768x512), so one round alone would rank two contenders close to each other by chance."""
