@@ -49,6 +49,7 @@
 #           source (B), both checked, then timed in shuffled interleaved rounds beside copy_ (ab.log); e.g.
 #           AB_ARGS="--shape 8x4096x2048 -k 4 --padding causal --activation silu --dtype bf16 --direction bwd
 #           --edit same --edit stream dw1d_bwdlane_bf16_k4_t128_o8_n2_h2" (`same`, A built again, is the control)
+#           AB_FILE=<file> instead: one such argument list a line (# comments), each run in turn (ab<n>.log)
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -118,7 +119,10 @@ for step in "$@"; do
                  nvcc $flags -arch=sm_90 -I "$d" -o "/tmp/harness_${d//\//_}" scripts/generic-harness.cu; done
                rc=0; for round in 1 2; do for d in $RENDERS; do echo "== $d (round $round)"
                  "/tmp/harness_${d//\//_}" || rc=1; done; done; exit $rc' ;;
-    ab) timed ab python3 scripts/probe-ab.py ${AB_ARGS:?AB_ARGS names a problem, edits and variants} ;;
+    ab) if [ -n "${AB_FILE:-}" ]; then n=0  # one probe-ab.py command line a line, logs ab1.log, ab2.log, ...
+          while read -r args; do case $args in ''|'#'*) continue ;; esac; n=$((n + 1))
+            timed "ab$n" python3 scripts/probe-ab.py $args < /dev/null; done < "$AB_FILE"
+        else timed ab python3 scripts/probe-ab.py ${AB_ARGS:?AB_ARGS or AB_FILE names a problem, edits and variants}; fi ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
