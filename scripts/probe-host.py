@@ -3,6 +3,11 @@
 A quick look for the GPU host, not the bench: python scripts/probe-host.py [--shape 1x768x512] [--k 3]
 Each figure is the median of 9 rounds of 200 calls, with its 10th-90th percentile spread; the rows take
 turns within each round.
+
+--after graphs,compile,triton,memory re-times four rows after each of those steps in turn, in the same process,
+to find what in the bench's process inflates host times: CUDA graphs captured (as the bench's graph rows), a
+torch.compile'd convolution with its backward (the bench's torch.compile contender), the simple Triton kernel
+(its JIT), and a large allocation cycle (the caching allocator's state after the bench's big rows).
 """
 from __future__ import annotations
 
@@ -44,7 +49,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="1x768x512")
     ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--after", default="", help=f"comma-separated steps among {', '.join(STAGES)}")
     a = ap.parse_args()
+    unknown = [s for s in a.after.split(",") if s and s not in STAGES]
+    if unknown:
+        ap.error(f"unknown step(s) {unknown}; choose from {', '.join(STAGES)}")
     b, c, n = map(int, a.shape.split("x"))
     x = torch.randn(b, c, n, device="cuda")
     w = torch.randn(c, 1, a.k, device="cuda")
@@ -76,6 +85,62 @@ def main() -> None:
     print(f"host µs per call, {a.shape} K{a.k} fp32 (median, p10-p90 over 9 rounds of 200 calls, rows interleaved)")
     for name, (m, lo, hi) in host_us(rows).items():
         print(f"{name:30s} {m:7.2f}  ({lo:.2f}-{hi:.2f})")
+    if a.after:
+        watched = ("F.conv1d", "dwgen plain call", "F.conv1d fwd+bwd", "dwgen fwd+bwd")
+        print(f"\nafter each step, in turn: {', '.join(watched)}")
+        for stage in ["fresh", *a.after.split(",")]:
+            if stage != "fresh":
+                STAGES[stage](x, w, pad)
+            got = host_us({k: rows[k] for k in watched})
+            print(f"{stage:10s} " + "  ".join(f"{got[k][0]:7.2f}" for k in watched))
+
+
+def _graphs(x, w, pad) -> None:
+    """50 CUDA graphs of dwgen calls on new inputs, kept alive (the bench keeps its graphs until the row ends)."""
+    keep = []
+    for i in range(50):
+        xi = torch.randn(2, 64 + i, 1000, device="cuda")
+        wi = torch.randn(64 + i, 1, 3, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            generated.depthwise_conv1d(xi, wi, None, 1, 1)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            generated.depthwise_conv1d(xi, wi, None, 1, 1)
+        keep.append((g, xi, wi))
+    torch.cuda.synchronize()
+    _KEPT.append(keep)
+
+
+def _compile(x, w, pad) -> None:
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    f = torch.compile(lambda a, b: F.conv1d(a, b, None, 1, pad, 1, a.shape[1]), dynamic=False)
+    for _ in range(3):
+        torch.autograd.grad(f(xg, wg), (xg, wg), torch.ones_like(x))
+    torch.cuda.synchronize()
+    _KEPT.append(f)
+
+
+def _triton(x, w, pad) -> None:
+    from dwgen.bench import contenders
+    from dwgen.problem import Problem
+
+    p = Problem(x.shape[0], x.shape[1], x.shape[2], w.shape[2], 1, pad, 1)
+    run = contenders.triton_simple(p, x, w, None)
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+
+
+def _memory(x, w, pad) -> None:
+    big = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(16)]
+    del big
+
+
+_KEPT: list = []
+STAGES = {"graphs": _graphs, "compile": _compile, "triton": _triton, "memory": _memory}
 
 
 if __name__ == "__main__":
