@@ -73,7 +73,7 @@ def probe(case, compile_first: bool) -> None:
             lo, _, hi = bench.ratio_spread(t, copy_t)
             cells.append(f"{n} {t.median_ms:.4f} ({t.median_ms / copy_t.median_ms:.3f}x, {lo:.3f}-{hi:.3f})")
         print(f"  {form.strip() or 'plain':5s}  copy_ {copy_t.median_ms:.4f} ms   " + "   ".join(cells))
-    step()  # the profiled step's first gap includes the profiler's own start
+    step()  # under the profiler the host runs slower: the gap before the backward is mostly the profiler's
     for name, dur, gap in kernel_timeline(step):
         print(f"    {name[:64]:64s} {dur:8.1f} us  gap before {gap:6.1f} us")
 
