@@ -96,21 +96,15 @@ def main() -> None:
 
 
 def _graphs(x, w, pad) -> None:
-    """50 CUDA graphs of dwgen calls on new inputs, kept alive (the bench keeps its graphs until the row ends)."""
+    """50 CUDA graphs of dwgen calls on new inputs, kept alive (the bench keeps its graphs until the row ends),
+    captured as the bench captures them (dwgen.bench.graphed)."""
+    from dwgen import bench
+
     keep = []
     for i in range(50):
         xi = torch.randn(2, 64 + i, 1000, device="cuda")
         wi = torch.randn(64 + i, 1, 3, device="cuda")
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            generated.depthwise_conv1d(xi, wi, None, 1, 1)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            generated.depthwise_conv1d(xi, wi, None, 1, 1)
-        keep.append((g, xi, wi))
-    torch.cuda.synchronize()
+        keep.append((bench.graphed(lambda xi=xi, wi=wi: generated.depthwise_conv1d(xi, wi, None, 1, 1)), xi, wi))
     _KEPT.append(keep)
 
 
