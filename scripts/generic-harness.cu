@@ -55,6 +55,16 @@ void fill(void* device, const size_t n, const int bytes, const bool bf16, uint32
     cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice);
 }
 
+// ONLY (a list of tags joined by '|'): run those cases alone (a rendering compiled for one signature, say).
+bool skipped(const char* tag) {
+    const char* only = getenv("ONLY");
+    if (only == nullptr) return false;
+    const size_t n = strlen(tag);
+    for (const char* p = only; (p = strstr(p, tag)) != nullptr; p += n)
+        if ((p == only || p[-1] == '|') && (p[n] == '\0' || p[n] == '|')) return false;
+    return true;
+}
+
 // The median over 7 rounds of the mean of 100 calls, in ms (after 10 warm-up calls); one call when ONCE is set
 // (under Nsight Compute).
 template <typename F>
@@ -86,6 +96,7 @@ float median_ms(F call) {
 bool forward(const char* tag, const Launch launch, const int bytes, const bool bf16, const long long B,
              const long long C, const long long L, const long long K, const long long S, const long long P,
              const long long D, const bool blc = false) {
+    if (skipped(tag)) return true;
     const long long Lout = (L + 2 * P - D * (K - 1) - 1) / S + 1;
     const size_t out_bytes = static_cast<size_t>(B * C * Lout * bytes);
     void *x, *w, *y, *copy;
@@ -119,6 +130,7 @@ bool forward(const char* tag, const Launch launch, const int bytes, const bool b
 bool backward(const char* tag, const Backward launch, const Workspace workspace, const int bytes, const bool bf16,
               const long long B, const long long C, const long long L, const long long K, const long long S,
               const long long P, const long long D) {
+    if (skipped(tag)) return true;
     const long long Lout = (L + 2 * P - D * (K - 1) - 1) / S + 1;
     void *gy, *x, *w, *gx, *gw, *gb, *work;
     cudaMalloc(&gy, B * C * Lout * bytes);

@@ -89,6 +89,7 @@ def test_a_tampered_kernel_is_never_built_or_called(here):
         assert mod.tables() is t
     sources = mod._sources(t)
     assert str(src) not in sources and sources[-1].endswith(".cpp")
+    assert sources[0].endswith(manifest(here)["launcher"])  # the longest job starts first
     stub = open(sources[-1]).read()
     # the launcher still names the refused kernel: a stand-in lets it link, and nothing dispatches to it
     assert f"int dwgen_launch_{e['kernel']}(" in stub and stub.count("dwgen_launch_") == 1
