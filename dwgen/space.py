@@ -352,8 +352,9 @@ def generic_problem(k: int, dtype: str = "fp32", layout: str = "bcl") -> Problem
 
 
 def generic_variants(chosen: dict[str, dict] | None = None, direction: str = "fwd") -> list[Variant]:
-    """The fast generic kernels of a direction, one per (dtype, layout, K) at stride 1 and dilation 1;
-    `chosen` maps a signature key to measured params (else the family's default design)."""
+    """The fast generic kernels of a direction, one per (dtype, layout, K) at stride 1 and dilation 1.
+    `chosen` maps a signature key to measured params; a K nobody measured takes the measured design of the
+    nearest K of its dtype and layout (the smaller on a tie) that fits it, else the family's default design."""
     chosen = chosen or {}
     out = []
     for (fam_direction, layout), (fam, *_) in FAMILIES.items():  # the primary families only
@@ -362,13 +363,26 @@ def generic_variants(chosen: dict[str, dict] | None = None, direction: str = "fw
         for dtype in DTYPES:
             for k in GENERIC_KERNEL_SIZES:
                 p = generic_problem(k, dtype, layout)
-                params = chosen.get(generic_key(p))
-                config = fam.config_type(**params) if params else fam.module.generic_config(p)
+                config = _measured_design(fam, chosen, p, direction)
+                if config is None:
+                    config = fam.module.generic_config(p)
                 if violations(p, config, direction):
                     raise ValueError(f"generic kernel {Variant(p, config, direction).name} breaks "
                                      f"{violations(p, config, direction)}")
                 out.append(Variant(p, config, direction))
     return out
+
+
+def _measured_design(fam, chosen: dict[str, dict], p: Problem, direction: str):
+    """p's own measured design, else the nearest measured K's (same dtype and layout) where it fits p."""
+    nearest = sorted(GENERIC_KERNEL_SIZES, key=lambda k: (abs(k - p.kernel_size), k))
+    for k in nearest:
+        params = chosen.get(generic_key(generic_problem(k, p.dtype, p.layout)))
+        if params:
+            config = fam.config_type(**params)
+            if k == p.kernel_size or not violations(p, config, direction):
+                return config
+    return None
 
 
 def generic_key(p: Problem) -> str:

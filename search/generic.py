@@ -27,10 +27,13 @@ from dwgen.space import GENERIC_KERNEL_SIZES, Variant, generic_key, generic_prob
 def candidates(dtype: str, layout: str) -> list:
     """Designs that measured well on some suite shape (docs/perf-notes.md), with the dtype's 16-byte vector."""
     v = DTYPES[dtype].max_vec
-    if layout == "blc":  # the Mamba shape's finalists (H200, 2026-11-30), then the first generic design
+    if layout == "blc":  # the Mamba shape's finalists (H200, 2026-11-30), then the first generic design; then
+        # narrower vectors for long filters, whose windows the wide ones cannot hold in registers (16-bit K15's
+        # 16-trial tune chose one channel a thread, 8 outputs a step, 16 threads across)
         return [blc.Config(threads=t, vec=vec, outs=o, steps=s, cthreads=ct)
                 for t, vec, o, s, ct in ((128, v // 2, 8, 4, 32), (64, v // 2, 4, 1, 32), (128, v // 2, 4, 16, 32),
-                                         (128, v, 4, 16, 64), (128, v, 2, 16, 8))]
+                                         (128, v, 4, 16, 64), (128, v, 2, 16, 8), (128, v // 2, 2, 4, 32),
+                                         (128, v // 4, 8, 4, 32), (128, v // 4, 4, 16, 32), (128, 1, 8, 4, 16))]
     designs = [bcl.Config(threads=128, vec=v, outs=2, halo="shfl"), bcl.Config(threads=128, vec=v, outs=2, halo="l1"),
                bcl.Config(threads=64, vec=v, outs=2, halo="l1"), bcl.Config(threads=128, vec=v, outs=4, halo="l1"),
                bcl.Config(threads=256, vec=v, outs=1, walk="row", halo="async"),
@@ -135,6 +138,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--out", type=cli.directory, default=None, help="the frozen module to update (default generated/)")
     ap.add_argument("--jobs", type=cli.int_range(1), default=None)
+    ap.add_argument("--freeze-once", action="store_true",
+                    help="freeze (through the gate) once, after the last choice, not after each dtype and layout; "
+                         "runs/generic/ keeps every choice meanwhile")
     a = ap.parse_args(argv)
     try:
         ks = _csv(a.kernel_sizes, GENERIC_KERNEL_SIZES, "K")
@@ -163,7 +169,10 @@ def main(argv: list[str]) -> int:
                           f"{', '.join(p.key for p in training_problems(k, dtype, layout))}", flush=True)
                     chosen[key] = choose_or_reuse(k, dtype, layout, build, Path("runs"))
                 # Frozen (through the gate) after every (dtype, layout); runs/generic/ keeps each K in between.
-                workflow.freeze_gated([], out, generic=chosen)
+                if not a.freeze_once:
+                    workflow.freeze_gated([], out, generic=chosen)
+        if a.freeze_once:
+            workflow.freeze_gated([], out, generic=chosen)
     except workflow.UserError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
         return 1

@@ -41,3 +41,22 @@ def test_a_kept_measurement_is_reused_and_a_changed_candidate_list_is_not(tmp_pa
     monkeypatch.setattr(generic, "candidates", lambda d, lay: real(d, lay)[:-1])
     generic.choose_or_reuse(3, "bf16", "bcl", None, tmp_path, log=lambda *_: None)
     assert len(calls) == 2  # other candidates: measured anew, not read from the old record
+
+
+@pytest.mark.parametrize("once", [False, True])
+def test_choices_freeze_after_each_dtype_and_layout_or_once(monkeypatch, tmp_path, capsys, once):
+    from dwgen import freeze
+    from search import generic, workflow
+
+    frozen = []
+    monkeypatch.setattr(workflow, "gpu_builder", lambda runs, jobs: None)
+    monkeypatch.setattr(generic, "choose_or_reuse", lambda k, d, lay, build, runs: {
+        "kernel": f"{d}_{lay}_k{k}", "geomean_x_copy": 1.0})
+    monkeypatch.setattr(workflow, "freeze_gated", lambda winners, out, generic: frozen.append(sorted(generic)))
+    monkeypatch.setattr(freeze, "DEFAULT_DIR", tmp_path)
+    argv = ["--kernel-sizes", "3,5", "--dtypes", "fp16,bf16", "--layouts", "bcl"] + (["--freeze-once"] if once else [])
+    assert generic.main(argv) == 0
+    keys = sorted(f"{d}_bcl_k{k}" for d in ("fp16", "bf16") for k in (3, 5))
+    # each freeze holds every choice made so far; the last holds them all
+    assert frozen[-1] == keys and len(frozen) == (1 if once else 2)
+    assert "froze 4 generic choices" in capsys.readouterr().out

@@ -164,7 +164,10 @@ def test_generic_variants_cover_every_dtype_layout_and_small_k():
     assert all(v.problem.stride == 1 and v.problem.dilation == 1 and not violations(v.problem, v.config) for v in vs)
     # 16-byte accesses in every (B, C, L) kernel; (B, L, C) ones as wide as their registers allow
     assert all(v.config.vec * v.problem.elem_bytes == 16 for v in vs if v.problem.layout == "bcl")
-    assert all(v.config.vec * v.problem.elem_bytes == 8 for v in vs if v.problem.layout == "blc")
+    # (16-bit K15 and K16 take 4-byte vectors: an 8-byte one's window passes the register room)
+    assert all(v.config.vec * v.problem.elem_bytes == 8 for v in vs if v.problem.layout == "blc" and
+               v.problem.kernel_size <= 9)
+    assert all(v.config.vec * v.problem.elem_bytes <= 8 for v in vs if v.problem.layout == "blc")
 
 
 def test_generic_variants_take_the_measured_choice():
@@ -172,7 +175,18 @@ def test_generic_variants_take_the_measured_choice():
     key = generic_key(generic_problem(7))
     vs = {generic_key(v.problem): v for v in generic_variants({key: chosen.to_dict()})}
     assert vs[key].config == chosen
-    assert vs[generic_key(generic_problem(3))].config != chosen
+    # a K nobody measured takes the nearest measured K's design of its dtype and layout, where it fits
+    assert vs[generic_key(generic_problem(3))].config == chosen
+    assert vs[generic_key(generic_problem(3, "fp16"))].config != chosen
+
+
+def test_an_unmeasured_k_takes_the_nearest_measured_design_the_smaller_on_a_tie():
+    a = Config(threads=256, vec=4, outs=1, walk="row", halo="async")
+    b = Config(threads=64, vec=4, outs=2, halo="l1")
+    chosen = {generic_key(generic_problem(3)): a.to_dict(), generic_key(generic_problem(5)): b.to_dict()}
+    vs = {v.problem.kernel_size: v.config for v in generic_variants(chosen) if v.problem.dtype == "fp32"
+          and v.problem.layout == "bcl"}
+    assert (vs[1], vs[3], vs[4], vs[5], vs[6], vs[9]) == (a, a, a, b, b, b)
 
 
 def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream) -> bool:

@@ -179,10 +179,12 @@ KNOWN_GOOD: tuple[Config, ...] = (
 
 def generic_config(p: Problem) -> Config:
     """The Mamba shape's winner (8-byte accesses, 8 outputs a step, 4 steps, 32 threads across the channels),
-    with fewer outputs a step where a larger K's window does not fit the registers."""
-    vec = max(1, DTYPES[p.dtype].max_vec // 2)
-    for outs in (8, 4, 2, 1):
-        c = Config(threads=128, vec=vec, outs=outs, steps=4, cthreads=32)
-        if all(r(p, c) for r in RESTRICTIONS):
-            return c
+    with fewer outputs a step where a larger K's window does not fit the registers, then narrower vectors (16-bit
+    K15 and K16: the 16-trial tune of fp16 K15 chose one channel a thread, 8 outputs)."""
+    widest = max(1, DTYPES[p.dtype].max_vec // 2)
+    for vec in sorted({widest, widest // 2 or 1, 1}, reverse=True):
+        for outs in (8, 4, 2, 1):
+            c = Config(threads=128, vec=vec, outs=outs, steps=4, cthreads=32)
+            if all(r(p, c) for r in RESTRICTIONS):
+                return c
     raise ValueError(f"no (B, L, C) generic design fits {p.key}")
