@@ -39,8 +39,8 @@ _CAPABILITY = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
 _TABLE_ROW = re.compile(r"^ {4}ENTRY_(?:FWD|BWD)\(([a-z0-9_]+)\),  // ([0-9]+)$", re.M)
 _DECLARATION = re.compile(r"^int dwgen_launch_([a-z0-9_]+)\(([^()\n]*)\);$", re.M)
 _WORKSPACE = re.compile(r"^long long dwgen_workspace_([a-z0-9_]+)\(([^()\n]*)\);$", re.M)
-_FAST_KEY = re.compile(r"(fp32|fp16|bf16)_(bcl|blc)_k([1-9])")
-FAST_MAX_K = 9  # the fast generic kernels' reach: K 1 to 9 at stride and dilation 1 (the launcher's MAX_K)
+_FAST_KEY = re.compile(r"(fp32|fp16|bf16)_(bcl|blc)_k([1-9]|1[0-6])")
+FAST_MAX_K = 16  # the fast generic kernels' reach: K 1 to 16 at stride and dilation 1 (the launcher's MAX_K)
 _ARG_LIMIT = 2**31 - 1  # the kernels take stride, dilation and each padding as 32-bit ints
 # What a tuned kernel is lent by to untuned problems (the C++ tables' lent_key in this order)
 _SIGNATURE_FIELDS = ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
@@ -143,7 +143,7 @@ def _has_fast_generic(k: int, stride: int, dilation: int) -> bool:
 
 
 def _lent_tables(t: Tables) -> None:
-    """For each signature with no fast generic kernel (K past 9, a stride or dilation), the tuned kernel of the
+    """For each signature with no fast generic kernel (K past 16, a stride or dilation), the tuned kernel of the
     largest problem of that signature whose launch takes sizes at run time: untuned problems of the signature
     run it rather than the scalar kernel (the gate checks each on other sizes, paddings and bias)."""
     for tuned, lent in ((t.tuned, t.lent), (t.tuned_bwd, t.lent_bwd)):

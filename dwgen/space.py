@@ -340,10 +340,10 @@ def known_good(p: Problem, direction: str = "fwd") -> list:
     return [c for group in itertools.zip_longest(*per_family) for c in group if c is not None]
 
 
-# The frozen module's fast path for problems nobody tuned: one kernel per (dtype, layout, K) for stride 1
-# and dilation 1 (padding, bias and sizes are run-time). A choice measured by python -m search.generic
+# The frozen module's fast path for problems nobody tuned: one kernel per (dtype, layout, K), K 1 to 16, for
+# stride 1 and dilation 1 (padding, bias and sizes are run-time). A choice measured by python -m search.generic
 # (recorded in the manifest it freezes) wins over the family's default design.
-GENERIC_KERNEL_SIZES = tuple(range(1, 10))
+GENERIC_KERNEL_SIZES = tuple(range(1, 17))
 
 
 def generic_problem(k: int, dtype: str = "fp32", layout: str = "bcl") -> Problem:

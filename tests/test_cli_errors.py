@@ -81,7 +81,7 @@ CASES = [
     (f"python -m search.compare {K3} --rounds 0", 2, "0 is out of range: give an integer of at least 1"),
     (f"python -m search.compare {K3} --jobs -1", 2, "-1 is out of range: give an integer of at least 1"),
     ("python -m search.compare --shape -1x2x3 dw1d_f32_k3_t128_v4_o2_l1", 2, "malformed shape '-1x2x3'"),
-    ("python -m search.generic --kernel-sizes 12", 2, "K=12 has no generic kernel"),
+    ("python -m search.generic --kernel-sizes 17", 2, "K=17 has no generic kernel"),
     ("python -m search.generic --kernel-sizes 3,x", 2, "K=x has no generic kernel"),
     ("python -m search.generic --out afile", 2, "afile exists and is not a folder"),
     ("python -m search.generic --dtypes fp64", 2, "dtype=fp64 has no generic kernel"),
@@ -161,7 +161,7 @@ def test_without_a_gpu_one_line_and_nonzero(command, rc, msg, files, capsys):
 
 @pytest.mark.parametrize("command", ["tune.py --shape -1x2x3", f"tune.py {S} --storage notaurl://x",
                                      f"python -m search.profile {K3} --launches -2",
-                                     "python -m search.generic --kernel-sizes 12",
+                                     "python -m search.generic --kernel-sizes 17",
                                      "python -m dwgen.bench --only fastest"])
 def test_a_real_process_exits_2_without_a_traceback(command):
     entry, args = split(command)

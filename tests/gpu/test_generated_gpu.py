@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from dwgen import check, freeze
+from dwgen.frozen_dispatch import FAST_MAX_K
 from dwgen.dtypes import DTYPES, torch_dtype
 from dwgen.problem import Problem, ProblemError
 from tests.conftest import ROOT
@@ -68,7 +69,7 @@ def lender_signature(e: dict) -> tuple:
 
 
 def lenders() -> list[dict]:
-    """The entries the dispatcher uses whose kernel may lend (K past 9, a stride or a dilation; a launch that takes
+    """The entries the dispatcher uses whose kernel may lend (K past 16, a stride or a dilation; a launch that takes
     sizes at run time), largest problem first, ties by the tables' key: the first of a signature lends."""
     import generated
 
@@ -77,20 +78,20 @@ def lenders() -> list[dict]:
     used = [e for e in MANIFEST["entries"]
             if generated._entry_key(e["problem"]) in (t.tuned if e["direction"] == "fwd" else t.tuned_bwd)]
     return sorted((e for e in used if kernels[e["kernel"]]["sizes_at_run_time"] and (
-        e["problem"]["kernel_size"] > 9 or e["problem"]["stride"] > 1 or e["problem"]["dilation"] > 1)),
+        e["problem"]["kernel_size"] > FAST_MAX_K or e["problem"]["stride"] > 1 or e["problem"]["dilation"] > 1)),
         key=lambda e: (-e["problem"]["batch"] * e["problem"]["channels"] * e["problem"]["length"],
                        generated._entry_key(e["problem"])))
 
 
 def expected_generic(p: Problem, shift: bool = False) -> str:
     """The kernel an untuned forward problem runs (x one element off a 16-byte boundary when shift): the fast
-    generic kernel of its dtype, layout and K, else (K past 9, a stride or a dilation) the tuned kernel of the
+    generic kernel of its dtype, layout and K, else (K past 16, a stride or a dilation) the tuned kernel of the
     largest problem of its signature whose launch takes any size, for paddings up to the halo a side; else the
     scalar kernel."""
     kernels = {k["name"]: k for k in MANIFEST["kernels"]}
     fast = MANIFEST["generic"]["fast"]
     key = f"{p.dtype}_{effective_layout(p)}_k{p.kernel_size}"
-    if p.stride == 1 and p.dilation == 1 and p.kernel_size <= 9:
+    if p.stride == 1 and p.dilation == 1 and p.kernel_size <= FAST_MAX_K:
         candidate = fast.get(key)
     else:
         largest = next((e for e in lenders() if lender_signature(e) == (
@@ -191,7 +192,7 @@ def test_misaligned_x_on_a_tuned_problem_is_computed_by_a_kernel_that_takes_it()
 
 
 def test_untuned_problems_of_a_tuned_signature_past_the_fast_kernels_run_its_tuned_kernel():
-    """K past 9, a stride or a dilation has no fast generic kernel: an untuned problem of a tuned problem's
+    """K past 16, a stride or a dilation has no fast generic kernel: an untuned problem of a tuned problem's
     signature (another batch, width and length; its padding as far as the halo, causal, the halo on both sides)
     runs that tuning's kernel, forward and backward, and matches float64; past the halo it runs the scalar
     kernel."""
