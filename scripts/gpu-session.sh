@@ -23,7 +23,7 @@
 #   first (tune.py --seeds-from): a re-tune of both directions after a template change; SEEDS=<dir> seeds
 #   from a copy of generated/ made before (carried): when the two directions' re-tunes take separate calls, the
 #   first freeze drops the other direction's stale entries, and a snapshot taken later would miss their designs
-#   build   the first build of generated/, timed
+#   build   the first build of generated/, timed, in a fresh folder; scripts/build-times.py then says where the time went
 #   tcself  scripts/tc_selftest.py: the tensor-core forward against float64 on edge problems, then timed
 #   host    scripts/probe-host.py: µs of CPU per call, dwgen beside F.conv1d (1x768x512)
 #   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
@@ -95,7 +95,9 @@ for step in "$@"; do
     frozentests) timed frozentests python3 -m pytest -q -rs tests/gpu/test_generated_gpu.py tests/test_generated.py ;;
     kerneltests) timed kerneltests python3 -m pytest -q -rs tests/gpu/test_variants_gpu.py tests/gpu/test_crash_gpu.py \
                    tests/gpu/test_faults_gpu.py ;;
-    build) timed build python3 -c "import time, generated; t = time.time(); generated.build(); print(f'built in {time.time() - t:.0f} s')" ;;
+    build) rm -rf /tmp/dwgen-build-timed && mkdir -p /tmp/dwgen-build-timed
+           DWGEN_BUILD_DIR=/tmp/dwgen-build-timed timed build python3 -c "import time, generated; t = time.time(); generated.build(); print(f'built in {time.time() - t:.0f} s')" \
+           && python3 scripts/build-times.py /tmp/dwgen-build-timed/.ninja_log | tee -a "$OUT/build.log" ;;
     probe) timed probe python3 scripts/probe-train.py ;;
     host) timed host python3 scripts/probe-host.py ;;
     tcself) timed tcself python3 scripts/tc_selftest.py ;;
