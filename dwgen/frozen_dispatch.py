@@ -321,8 +321,8 @@ def _stub(launcher: str, dropped: list[str]) -> str:
 def _sources(t: Tables) -> list[str]:
     """The verified sources to compile: the launcher, trusted kernels, the scalar kernels, and a stub for
     any refused kernel. The launcher comes first: ninja starts jobs in this order, and its one C++ file
-    (torch's headers, about 23 s on the GPU host) is the build's longest; listed last, it began only when
-    the kernels were nearly done (40 s in all, 16 of them waiting)."""
+    (torch's headers, 23-36 s on the GPU host) is the build's longest job; listed last, it started 16 s into
+    a 40 s build, when most kernels were done."""
     m = MANIFEST
     launcher = _verified(m["launcher"], m["launcher_sha256"])
     files = [launcher]

@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from dwgen import check, freeze
-from dwgen.frozen_dispatch import FAST_MAX_K
 from dwgen.dtypes import DTYPES, torch_dtype
+from dwgen.frozen_dispatch import FAST_MAX_K
 from dwgen.problem import Problem, ProblemError
 from tests.conftest import ROOT
 
