@@ -363,7 +363,7 @@ def generic_variants(chosen: dict[str, dict] | None = None, direction: str = "fw
         for dtype in DTYPES:
             for k in GENERIC_KERNEL_SIZES:
                 p = generic_problem(k, dtype, layout)
-                config = _measured_design(fam, chosen, p, direction)
+                config = _measured_design(chosen, p, direction)
                 if config is None:
                     config = fam.module.generic_config(p)
                 if violations(p, config, direction):
@@ -373,13 +373,14 @@ def generic_variants(chosen: dict[str, dict] | None = None, direction: str = "fw
     return out
 
 
-def _measured_design(fam, chosen: dict[str, dict], p: Problem, direction: str):
-    """p's own measured design, else the nearest measured K's (same dtype and layout) where it fits p."""
+def _measured_design(chosen: dict[str, dict], p: Problem, direction: str):
+    """p's own measured design, else the nearest measured K's (same dtype and layout) where it fits p. A design
+    may be of any family of the layout (its config names the family when it is not the primary one)."""
     nearest = sorted(GENERIC_KERNEL_SIZES, key=lambda k: (abs(k - p.kernel_size), k))
     for k in nearest:
         params = chosen.get(generic_key(generic_problem(k, p.dtype, p.layout)))
         if params:
-            config = fam.config_type(**params)
+            config = make_config(p, params, direction)
             if k == p.kernel_size or not violations(p, config, direction):
                 return config
     return None

@@ -91,7 +91,7 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) 
         log(f"  {n:44s} " + " ".join(f"{x:.3f}" for x in scores[n]) + f"  geomean {geo[n]:.3f}x copy")
     best = min(geo, key=geo.get)
     v = next(v for v in variants if v.name == best)
-    return {"kernel": best, "config": v.config.to_dict(), "x_copy": dict(zip(shapes, scores[best], strict=True)),
+    return {"kernel": best, "config": v.config_dict, "x_copy": dict(zip(shapes, scores[best], strict=True)),
             "geomean_x_copy": geo[best], "machine": machine}
 
 

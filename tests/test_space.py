@@ -189,6 +189,17 @@ def test_an_unmeasured_k_takes_the_nearest_measured_design_the_smaller_on_a_tie(
     assert (vs[1], vs[3], vs[4], vs[5], vs[6], vs[9]) == (a, a, a, b, b, b)
 
 
+def test_a_measured_generic_design_may_be_of_another_family_of_its_layout():
+    from dwgen.families import tc
+
+    design = Variant(generic_problem(15, "fp16"), tc.Config(warps=2, nt=2, tile=1024))
+    assert design.config_dict["family"] == "dw1d_tc"
+    vs = {generic_key(v.problem): v for v in generic_variants({generic_key(design.problem): design.config_dict})}
+    assert vs["fp16_bcl_k15"].name == design.name
+    assert vs["fp16_bcl_k16"].family.name == "dw1d_tc"  # borrowed by the nearest K, where it fits
+    assert vs["bf16_bcl_k15"].family.name == "dw1d"  # another dtype keeps its own
+
+
 def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream) -> bool:
     """The (B, L, C) family's restrictions restated from first principles."""
     window = (outs - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
