@@ -8,8 +8,8 @@ kernel's grad_x, grad_weight and grad_bias against float64 autograd, with and wi
 checked on each problem it was tuned for (its left and right padding and its activation, and the other
 activation too: one launch function takes both; a backward one from tune.py --direction bwd on its own
 problem), any other on a problem of its signature. It also checks that each tuned problem dispatches to its
-kernel in its direction and computes right through the module's op, and the generic kernels of every dtype,
-both ways, symmetric and causal.
+kernel in its direction and computes right through the module's op, each fast generic kernel the same on a
+padding past its halo, and the generic kernels of every dtype, both ways, symmetric and causal.
 Exit 0 only when every check passed; the tuner commits a manifest only then.
 """
 from __future__ import annotations
@@ -144,6 +144,26 @@ def _lent_calls(mod, entries, keys, cache) -> list[str]:
     return failures
 
 
+def _fast_past_the_halo(mod, cache) -> list[str]:
+    """Each fast generic kernel through the op on a problem whose padding passes its halo on both sides (output
+    longer than the input: the dispatcher sends any padding at stride and dilation 1 to it, while its family's
+    edge problems stop at the halo): it must be the kernel chosen and compute right."""
+    failures = []
+    t = mod.tables()
+    for direction, table in (("fwd", mod.MANIFEST["generic"]["fast"]), ("bwd", mod.MANIFEST["generic"]["fast_bwd"])):
+        for key, name in table.items():
+            dtype, layout, k = mod._FAST_KEY.fullmatch(key).groups()
+            multiple = t.kernels[name][1]["channel_multiple"]
+            q = Problem(2, 3 * multiple, 301, int(k), 1, int(k) + 2, 1, dtype, bias=True, layout=layout,
+                        padding_right=int(k) + 5)
+            got = _chosen(mod, q, direction)
+            why = (f"{direction_key(q, direction)} dispatches to {got}, not the fast {name}" if got != name
+                   else _through_the_op(mod, q, direction, 7, cache))
+            if why is not None:
+                failures.append(f"{why} (padding past the halo)")
+    return failures
+
+
 def gate(mod, log=print) -> list[str]:
     """Every failure, as one line each; empty when the module may ship."""
     import torch
@@ -184,6 +204,7 @@ def gate(mod, log=print) -> list[str]:
             if why is not None:
                 failures.append(why)
     failures += _lent_calls(mod, entries, keys, cache)
+    failures += _fast_past_the_halo(mod, cache)
     for dtype in mod.MANIFEST["generic"]["scalar"]:
         for b_, c_, n_, k_, s_, p_, d_, bias, layout, pr in GENERIC_PROBLEMS:
             for activation in ACTIVATIONS:
