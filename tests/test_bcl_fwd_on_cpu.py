@@ -15,7 +15,7 @@ import pytest
 from dwgen.check import compare, make_inputs, reference
 from dwgen.families.bcl import Config
 from dwgen.problem import Problem
-from dwgen.space import Variant, violations
+from dwgen.space import Variant, generic_problem, violations
 from tests.cuda_on_cpu import build_all, forward_checks, raw
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -100,3 +100,36 @@ def test_matches_float64_on_cpu(binaries, p, c):
         assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
     outcome = run_on_cpu(exes[v.name], p, seed=1, tmp=tmp, xoff=1)  # x starting one element into a vector
     assert outcome.ok, f"{v.name} on {p.key} with x one element past a vector: {outcome.message}"
+
+
+# Designs the fast generic kernels use (generated/manifest.json: fp32 K10 and K11, 16-bit K9 and K15, bf16 K3), on
+# paddings past the halo: the dispatcher sends any padding at stride and dilation 1 to them, so outputs longer
+# than the input (zeros in at both ends) must come out right; the gate checks the same through the op on the GPU.
+PAST_THE_HALO = [
+    (bcl(2, 3, 301, 10, 1, 12, 1, "fp32", padding_right=14, bias=True), Config(threads=128, vec=4, outs=2, halo="l1")),
+    (bcl(1, 3, 1000, 15, 1, 20, 1, "fp16", padding_right=17), Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
+    (bcl(2, 2, 777, 9, 1, 11, 1, "fp16", padding_right=9, activation="silu"),
+     Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
+    (bcl(2, 3, 129, 3, 1, 5, 1, "bf16", padding_right=40), Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
+]
+
+
+def built_as_shipped(p: Problem, c: Config) -> Variant:
+    """The kernel as the freeze renders a fast generic one: on its signature's stand-in problem (sizes, padding
+    and bias are run-time)."""
+    return Variant(generic_problem(p.kernel_size, p.dtype), c)
+
+
+@pytest.fixture(scope="module")
+def past_binaries(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bcl_past_halo_cpu")
+    return build_all([built_as_shipped(p, c) for p, c in PAST_THE_HALO], tmp, MAIN), tmp
+
+
+@pytest.mark.parametrize("p,c", PAST_THE_HALO, ids=[p.key for p, _ in PAST_THE_HALO])
+def test_paddings_past_the_halo_match_float64_on_cpu(past_binaries, p, c):
+    exes, tmp = past_binaries
+    v = built_as_shipped(p, c)
+    assert min(p.padding, p.padding_right) > p.kernel_size - 1 and p.out_length > p.length
+    outcome = run_on_cpu(exes[v.name], p, seed=3, tmp=tmp)
+    assert outcome.ok, f"{v.name} on {p.key}: {outcome.message}"

@@ -15,7 +15,7 @@ from dwgen.check import backward_reference, compare, grad_output, make_inputs
 from dwgen.families import bwdlane, bwdwalk
 from dwgen.families.bwd import Config
 from dwgen.problem import ACTIVATIONS, Problem
-from dwgen.space import Variant, violations
+from dwgen.space import Variant, generic_problem, violations
 from tests.cuda_on_cpu import MAIN_OPEN, build, raw
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -241,6 +241,30 @@ def test_matches_float64_on_cpu(binaries, p, c):
             outcome = run_on_cpu(exes[v.name], q, act, seed=q.length % 7, tmp=tmp)
             assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
 
+
+
+# The fast generic backward kernels' design for K 10 to 16 (the family's default, generated/manifest.json), built as
+# the freeze builds it (on the signature's stand-in problem) and run on paddings past the halo, both layouts: the
+# dispatcher sends any padding at stride and dilation 1 to it; the gate checks the same through the op on the GPU.
+PAST_THE_HALO = [
+    (Problem(2, 3, 777, 12, 1, 14, 1, "fp32", padding_right=13, bias=True), Config(threads=256, outs=8)),
+    (Problem(1, 2, 1300, 15, 1, 16, 1, "fp16", padding_right=20), Config(threads=256, outs=8)),
+    (Problem(2, 64, 301, 10, 1, 12, 1, "bf16", layout="blc", padding_right=11), Config(threads=256, outs=8, tc=64)),
+]
+
+
+def built_as_shipped(p: Problem, c: Config) -> Variant:
+    return Variant(generic_problem(p.kernel_size, p.dtype, p.layout), c, "bwd")
+
+
+@pytest.mark.parametrize("p,c", PAST_THE_HALO, ids=[p.key for p, _ in PAST_THE_HALO])
+def test_paddings_past_the_halo_match_float64_on_cpu(p, c, tmp_path):
+    v = built_as_shipped(p, c)
+    exe = build(v, tmp_path, MAIN)
+    assert min(p.padding, p.padding_right) > p.kernel_size - 1 and p.out_length > p.length
+    for act in (ACTIVATIONS.index(a) for a in v.family.activations(p)):
+        outcome = run_on_cpu(exe, p, act, seed=3, tmp=tmp_path)
+        assert outcome.ok, f"{v.name} on {p.key}: {outcome.message}"
 
 # x = 1 but an Inf at each row's first or last position, grad_out = 1, w = 1, K4, fp32: weight gradient tap k
 # sums x over positions o - P + k for o in [0, Lout), so the taps whose range misses the Inf must stay finite

@@ -13,7 +13,7 @@ import pytest
 from dwgen.check import compare, make_inputs, reference
 from dwgen.families.blc import Config
 from dwgen.problem import Problem
-from dwgen.space import Variant, violations
+from dwgen.space import Variant, generic_problem, violations
 from tests.cuda_on_cpu import MAIN_OPEN, build_all, forward_checks, raw
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -92,3 +92,34 @@ def test_matches_float64_on_cpu(binaries, p, c):
     for q in forward_checks(v):
         _, outcome = run_on_cpu(exes[v.name], q, seed=q.length % 7, tmp=tmp)
         assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
+
+
+# The (B, L, C) fast generic kernels' designs for K 10 to 16 (generated/manifest.json), built as the freeze builds
+# them (on the signature's stand-in problem) and run on paddings past the halo: the dispatcher sends any padding at
+# stride and dilation 1 to them; the gate checks the same through the op on the GPU.
+PAST_THE_HALO = [
+    (blc(2, 16, 301, 12, 1, 14, 1, "fp32", padding_right=16, bias=True),
+     Config(threads=128, vec=2, outs=8, steps=4, cthreads=32)),
+    (blc(1, 24, 500, 15, 1, 19, 1, "fp16", padding_right=15), Config(threads=128, vec=2, outs=4, steps=16, cthreads=32)),
+    (blc(2, 32, 99, 10, 1, 10, 1, "bf16", padding_right=30, activation="silu"),
+     Config(threads=128, vec=4, outs=4, steps=16, cthreads=32)),
+]
+
+
+def built_as_shipped(p: Problem, c: Config) -> Variant:
+    return Variant(generic_problem(p.kernel_size, p.dtype, "blc"), c)
+
+
+@pytest.fixture(scope="module")
+def past_binaries(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cl_past_halo_cpu")
+    return build_all([built_as_shipped(p, c) for p, c in PAST_THE_HALO], tmp, MAIN), tmp
+
+
+@pytest.mark.parametrize("p,c", PAST_THE_HALO, ids=[p.key for p, _ in PAST_THE_HALO])
+def test_paddings_past_the_halo_match_float64_on_cpu(past_binaries, p, c):
+    exes, tmp = past_binaries
+    v = built_as_shipped(p, c)
+    assert min(p.padding, p.padding_right) > p.kernel_size - 1 and p.out_length > p.length
+    _, outcome = run_on_cpu(exes[v.name], p, seed=3, tmp=tmp)
+    assert outcome.ok, f"{v.name} on {p.key}: {outcome.message}"
