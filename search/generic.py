@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dwgen import cli
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc
+from dwgen.families import bcl, blc, tc
 from dwgen.problem import LAYOUTS, Problem
 from dwgen.space import GENERIC_KERNEL_SIZES, Variant, generic_key, generic_problem, violations
 
@@ -41,6 +41,11 @@ def candidates(dtype: str, layout: str) -> list:
     if DTYPES[dtype].bytes < 4:  # 8-half vectors take 38-40 registers at K7-K9 uncapped (bf16 K7 won capped)
         designs += [bcl.Config(threads=64, vec=v, outs=2, halo="l1", cap=True),
                     bcl.Config(threads=128, vec=v, outs=2, halo="l1", cap=True)]
+        # the tensor-core family: the 16-trial tune of fp16 K15 chose w2_n2_t1024 (1.13x copy, where the fast
+        # generic choice reads 1.49x), the suite's fp16 K31 tune w2_n4_t1024; its kernel takes any padding (the
+        # index emulation in tests/test_tc.py runs paddings far past the halo)
+        designs += [tc.Config(warps=2, nt=2, tile=1024), tc.Config(warps=2, nt=4, tile=1024),
+                    tc.Config(warps=4, nt=2, tile=1024)]
     return designs
 
 

@@ -16,11 +16,18 @@ def test_candidates_are_valid_and_distinct(dtype, layout):
         assert len(set(names)) == len(names), names
 
 
+def test_16bit_row_candidates_include_the_tensor_core_family_at_every_k():
+    for dtype in ("bf16", "fp16"):
+        for k in GENERIC_KERNEL_SIZES:
+            assert sum(v.family.name == "dw1d_tc" for v in candidate_variants(k, dtype, "bcl")) == 3, (dtype, k)
+    assert not any(v.family.name == "dw1d_tc" for v in candidate_variants(15, "fp32", "bcl"))
+
+
 def test_16bit_row_candidates_include_the_register_cap():
     # bf16 K7's tuned winner was the capped design; the generic choice must be able to find it too.
     for dtype in ("bf16", "fp16"):
-        assert any(c.cap for c in candidates(dtype, "bcl"))
-    assert not any(c.cap for c in candidates("fp32", "bcl"))
+        assert any(getattr(c, "cap", False) for c in candidates(dtype, "bcl"))
+    assert not any(getattr(c, "cap", False) for c in candidates("fp32", "bcl"))
 
 
 def test_a_kept_measurement_is_reused_and_a_changed_candidate_list_is_not(tmp_path, monkeypatch):
