@@ -14,7 +14,7 @@ import pytest
 from dwgen import render
 from dwgen.dtypes import DTYPES
 from dwgen.render import render_variant
-from dwgen.space import Variant
+from dwgen.space import Variant, generic_problem
 
 HERE = Path(__file__).resolve().parent
 
@@ -123,3 +123,9 @@ def raw(t) -> bytes:
 
     t = t.contiguous()
     return (t.view(torch.int16) if t.element_size() == 2 else t).numpy().tobytes()
+
+
+def shipped_generic(p, config, direction: str = "fwd") -> Variant:
+    """A fast generic kernel as the freeze renders it: on its signature's stand-in problem (sizes, padding and bias
+    are run-time), to be run on p."""
+    return Variant(generic_problem(p.kernel_size, p.dtype, p.layout), config, direction)

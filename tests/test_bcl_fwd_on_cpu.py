@@ -15,8 +15,8 @@ import pytest
 from dwgen.check import compare, make_inputs, reference
 from dwgen.families.bcl import Config
 from dwgen.problem import Problem
-from dwgen.space import Variant, generic_problem, violations
-from tests.cuda_on_cpu import build_all, forward_checks, raw
+from dwgen.space import Variant, violations
+from tests.cuda_on_cpu import build_all, forward_checks, raw, shipped_generic
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -114,22 +114,16 @@ PAST_THE_HALO = [
 ]
 
 
-def built_as_shipped(p: Problem, c: Config) -> Variant:
-    """The kernel as the freeze renders a fast generic one: on its signature's stand-in problem (sizes, padding
-    and bias are run-time)."""
-    return Variant(generic_problem(p.kernel_size, p.dtype), c)
-
-
 @pytest.fixture(scope="module")
 def past_binaries(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bcl_past_halo_cpu")
-    return build_all([built_as_shipped(p, c) for p, c in PAST_THE_HALO], tmp, MAIN), tmp
+    return build_all([shipped_generic(p, c) for p, c in PAST_THE_HALO], tmp, MAIN), tmp
 
 
 @pytest.mark.parametrize("p,c", PAST_THE_HALO, ids=[p.key for p, _ in PAST_THE_HALO])
 def test_paddings_past_the_halo_match_float64_on_cpu(past_binaries, p, c):
     exes, tmp = past_binaries
-    v = built_as_shipped(p, c)
+    v = shipped_generic(p, c)
     assert min(p.padding, p.padding_right) > p.kernel_size - 1 and p.out_length > p.length
     outcome = run_on_cpu(exes[v.name], p, seed=3, tmp=tmp)
     assert outcome.ok, f"{v.name} on {p.key}: {outcome.message}"

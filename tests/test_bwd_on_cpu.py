@@ -15,8 +15,8 @@ from dwgen.check import backward_reference, compare, grad_output, make_inputs
 from dwgen.families import bwdlane, bwdwalk
 from dwgen.families.bwd import Config
 from dwgen.problem import ACTIVATIONS, Problem
-from dwgen.space import Variant, generic_problem, violations
-from tests.cuda_on_cpu import MAIN_OPEN, build, raw
+from dwgen.space import Variant, violations
+from tests.cuda_on_cpu import MAIN_OPEN, build, raw, shipped_generic
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -253,13 +253,9 @@ PAST_THE_HALO = [
 ]
 
 
-def built_as_shipped(p: Problem, c: Config) -> Variant:
-    return Variant(generic_problem(p.kernel_size, p.dtype, p.layout), c, "bwd")
-
-
 @pytest.mark.parametrize("p,c", PAST_THE_HALO, ids=[p.key for p, _ in PAST_THE_HALO])
 def test_paddings_past_the_halo_match_float64_on_cpu(p, c, tmp_path):
-    v = built_as_shipped(p, c)
+    v = shipped_generic(p, c, "bwd")
     exe = build(v, tmp_path, MAIN)
     assert min(p.padding, p.padding_right) > p.kernel_size - 1 and p.out_length > p.length
     for act in (ACTIVATIONS.index(a) for a in v.family.activations(p)):
