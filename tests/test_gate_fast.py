@@ -26,6 +26,7 @@ def test_every_fast_kernel_is_called_past_its_halo_in_its_direction(monkeypatch)
     for q, _ in called:
         halo = (q.kernel_size - 1) * q.dilation
         assert q.stride == q.dilation == 1 and min(q.padding, q.padding_right) > halo and q.out_length > q.length
+        assert q.call_kwargs["padding"] == q.padding  # a padding the op takes (an int: both sides alike)
 
 
 def test_a_wrong_dispatch_or_result_is_one_line_each(monkeypatch):
