@@ -1,4 +1,6 @@
 """search.generic's candidate designs: each one a valid, distinct kernel for every generic (dtype, layout, K)."""
+import json
+
 import pytest
 
 from dwgen.dtypes import DTYPES
@@ -67,3 +69,33 @@ def test_choices_freeze_after_each_dtype_and_layout_or_once(monkeypatch, tmp_pat
     # each freeze holds every choice made so far; the last holds them all
     assert frozen[-1] == keys and len(frozen) == (1 if once else 2)
     assert "froze 4 generic choices" in capsys.readouterr().out
+
+
+def test_a_tensor_core_design_must_win_by_the_margin():
+    from search.generic import TC_MARGIN, pick
+
+    tc_names = {"tc_a", "tc_b"}
+    close = {"tc_a": 1.094, "tc_b": 1.11, "row": 1.103}  # bf16 K3's measurement: a 1% win
+    assert pick(close, tc_names) == "row"
+    clear = {"tc_a": 1.095, "row": 1.162, "other": 1.2}  # fp16 K9's: 6%
+    assert pick(clear, tc_names) == "tc_a"
+    assert pick({"tc_a": 1.0, "row": 1.0 / (1 - TC_MARGIN) + 1e-9}, tc_names) == "tc_a"
+    assert pick({"tc_a": 1.0, "row": 0.99}, tc_names) == "row"  # a CUDA-core design that wins outright
+    assert pick({"tc_a": 1.3, "tc_b": 1.2}, tc_names) == "tc_b"  # no CUDA-core design passed its check
+
+
+def test_a_kept_measurement_is_decided_again_by_todays_rule(tmp_path):
+    from search import generic
+
+    names = {v.name: v for v in generic.candidate_variants(3, "bf16", "bcl")}
+    tc_name = next(n for n, v in names.items() if v.family.name == "dw1d_tc")
+    row_name = next(n for n, v in names.items() if v.family.name != "dw1d_tc")
+    shapes = [p.key for p in generic.training_problems(3, "bf16", "bcl")]
+    scores = {tc_name: dict.fromkeys(shapes, 1.10), row_name: dict.fromkeys(shapes, 1.11)}
+    path = generic.record_path(tmp_path, 3, "bf16", "bcl")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"kernel": tc_name, "config": names[tc_name].config_dict, "machine": {},
+                                "candidates": scores}))
+    rec = generic.choose_or_reuse(3, "bf16", "bcl", None, tmp_path, log=lambda *_: None)
+    assert rec["kernel"] == row_name and rec["config"] == names[row_name].config_dict
+    assert rec["x_copy"] == scores[row_name] and rec["candidates"] == scores
