@@ -5,7 +5,9 @@
 #   tunecheck  the same, without touching generated/
 #   tunebwd the target shape's backward (tune.py --direction bwd), frozen beside its forward through the gate
 #   suitebwd  the suite's backward (tune.py --suite benchmarks/suite.txt --direction bwd; strided problems skipped)
-#   generic choose the fast generic kernel of each (dtype, layout, K) by measurement (frozen into generated/)
+#   generic choose the fast generic kernel of each (dtype, layout, K) by measurement (frozen into generated/);
+#           GENERIC_RECORDS=<dir> first copies kept measurements (runs/generic/*.json of an earlier call) in, so that
+#           only the rest are measured; every record comes back as generic-records.tgz
 #   suite   cold tune of benchmarks/suite.txt, frozen together (through the gate)
 #   gate    python -m dwgen.gate on generated/ (every frozen kernel through the built module)
 #   bench   python -m dwgen.bench (results into benchmarks/); BENCH_ONLY=a,b picks contenders
@@ -81,7 +83,9 @@ for step in "$@"; do
     tune) rm -rf runs; timed tune python3 tune.py --shape 32x512x8192 ;;
     tunecheck) rm -rf runs; timed tunecheck python3 tune.py --shape 32x512x8192 --no-freeze ;;
     tunebwd) timed tunebwd python3 tune.py --shape 32x512x8192 --direction bwd ;;
-    generic) timed generic python3 -m search.generic ${GENERIC_ARGS:-} ;;
+    generic) if [ -n "${GENERIC_RECORDS:-}" ]; then mkdir -p runs/generic && cp "$GENERIC_RECORDS"/*.json runs/generic/; fi
+             timed generic python3 -m search.generic ${GENERIC_ARGS:-}
+             tar czf "$OUT/generic-records.tgz" runs/generic 2>/dev/null ;;  # one file: the tool returns a few files, not dozens
     gate) timed gate python3 -m dwgen.gate ;;
     suite) rm -rf runs; timed suite python3 tune.py --suite benchmarks/suite.txt ${SUITE_TRIALS:+--trials $SUITE_TRIALS} \
              ${SUITE_WORKERS:+--workers $SUITE_WORKERS} "${SEED_ARGS[@]}" ;;
