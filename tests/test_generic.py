@@ -99,3 +99,44 @@ def test_a_kept_measurement_is_decided_again_by_todays_rule(tmp_path):
     rec = generic.choose_or_reuse(3, "bf16", "bcl", None, tmp_path, log=lambda *_: None)
     assert rec["kernel"] == row_name and rec["config"] == names[row_name].config_dict
     assert rec["x_copy"] == scores[row_name] and rec["candidates"] == scores
+
+
+def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeypatch):
+    from types import SimpleNamespace
+
+    from dwgen import worker
+    from search import generic, loop
+
+    variants = generic.candidate_variants(9, "fp16", "bcl")
+    tc_name = next(v.name for v in variants if v.family.name == "dw1d_tc")
+    broken = next(v.name for v in variants if v.family.name != "dw1d_tc")
+    ratio = {v.name: 1.2 for v in variants} | {tc_name: 1.0}  # tensor cores 17% ahead: chosen
+
+    class FakeWorker:
+        def __init__(self, p):
+            self.p = p
+
+        def machine(self):
+            return {"gpu": "fake"}
+
+        def retime(self, passed, rounds):
+            return {"copy_": 2.0} | {c.variant.name: 2.0 * ratio[c.variant.name] for c in passed}
+
+        def close(self):
+            pass
+
+    def fake_check_each(w, vs, builds):
+        for v in vs:
+            ok = not (v.name == broken and w.p.bias)  # fails its check on the second shape only
+            yield SimpleNamespace(name=v.name, summary=lambda: "wrong"), SimpleNamespace(variant=v) if ok else None
+
+    monkeypatch.setattr(worker, "GpuWorker", FakeWorker)
+    monkeypatch.setattr(loop, "check_each", fake_check_each)
+    lines = []
+    rec = generic.choose(9, "fp16", "bcl", lambda vs: None, log=lines.append)
+    shapes = [p.key for p in generic.training_problems(9, "fp16", "bcl")]
+    assert rec["kernel"] == tc_name and rec["geomean_x_copy"] == pytest.approx(1.0)
+    assert rec["x_copy"] == dict.fromkeys(shapes, 1.0) and rec["machine"] == {"gpu": "fake"}
+    assert broken not in rec["candidates"] and len(rec["candidates"]) == len(variants) - 1
+    assert all(list(xs) == shapes for xs in rec["candidates"].values())
+    assert any("wrong" in line for line in lines)
