@@ -3,9 +3,10 @@
 Most users never tune their shape; the frozen module then runs one generic kernel per (dtype, layout, K)
 (stride 1, dilation 1, any length, padding and bias). For each, this checks and times a few candidate
 designs on training shapes (chosen apart from benchmarks/untuned.txt, which stays a held-out test), keeps
-the design with the best geometric mean of x copy, and freezes the choices into generated/ (its manifest
-records them). Each choice is also kept under runs/generic/ as it is made, so a run that is stopped
-re-measures only what it had not finished.
+the design with the best geometric mean of x copy (a tensor-core one only by a margin: TC_MARGIN), and
+freezes the choices into generated/ (its manifest records them). Each measurement, every candidate's x copy
+with it, is also kept under runs/generic/ as it is made, so a run that is stopped re-measures only what it
+had not finished.
 """
 from __future__ import annotations
 
