@@ -118,7 +118,7 @@ def decide(k: int, dtype: str, layout: str, scores: dict[str, dict[str, float]],
     geo = {n: math.exp(sum(map(math.log, xs.values())) / len(xs)) for n, xs in scores.items()}
     for n in sorted(geo, key=geo.get):
         log(f"  {n:44s} " + " ".join(f"{x:.3f}" for x in scores[n].values()) + f"  geomean {geo[n]:.3f}x copy")
-    best = pick(geo, {n for n in geo if isinstance(variants[n].config, tc.Config)})
+    best = pick(geo, {n for n in geo if variants[n].family.name == tc.FAMILY_NAME})
     if best != min(geo, key=geo.get):
         log(f"  {min(geo, key=geo.get)} wins by less than {TC_MARGIN:.0%}: {best} is chosen")
     return {"kernel": best, "config": variants[best].config_dict, "x_copy": scores[best],
