@@ -62,6 +62,86 @@ static cudaError_t dwgen_pdl_launch(void (*kernel)(P...), unsigned grid, unsigne
 }
 """
 
+# The channel forward's step loop with its next inputs fetched R - 1 steps ahead by cp.async into a ring in shared
+# memory (each thread its own slots: no barrier), zeros outside the row by the copy's source size, in place of one
+# step ahead in registers: more bytes in flight without more registers.
+_RING_LOOP = """    constexpr int R = {ring};
+    static_assert(sizeof(vec_t) == 4 || sizeof(vec_t) == 8 || sizeof(vec_t) == 16, "cp.async copies 4, 8 or 16 bytes");
+    __shared__ alignas(16) vec_t ring[R][NEW][THREADS];
+    const int tid = static_cast<int>(threadIdx.x);
+    auto fetch = [&](int s) {{  // the NEW inputs step s's window adds, into ring slot s % R
+        const int js = j0 + s * OUTS;
+        const int an = js * S - P + KEEP;
+#pragma unroll
+        for (int i = 0; i < NEW; ++i) {{
+            const int a = an + i;
+            const bool in = s < STEPS && js < Lout && a >= 0 && a < L;
+            const T* src = in ? xn + a * C : xn;
+            const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(&ring[s % R][i][tid]));
+            constexpr int BYTES = static_cast<int>(sizeof(vec_t));
+            if constexpr (BYTES == 16)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(in ? 16 : 0));
+            else
+                asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;"
+                             :: "r"(dst), "l"(src), "n"(BYTES), "r"(in ? BYTES : 0));
+        }}
+        asm volatile("cp.async.commit_group;");
+    }};
+#pragma unroll
+    for (int s = 1; s < R; ++s) fetch(s);
+#pragma unroll 1
+    for (int s = 0; s < STEPS; ++s) {{
+        const int js = j0 + s * OUTS;
+        if (js >= Lout) break;
+        fetch(s + R);
+        T* ys = yn + js * C;
+        const bool whole = js + OUTS <= Lout;  // every output of this step exists: stores without a test
+#pragma unroll
+        for (int o = 0; o < OUTS; ++o) {{
+            float acc[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[v] = bias[v];
+#pragma unroll
+            for (int k = 0; k < K; ++k) {{
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[v] = fmaf(wk[k][v], xw[o * S + k * D][v], acc[v]);
+            }}
+            if (act == 1) {{
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[v] = dw_silu_ftz(acc[v]);
+            }}
+            if (whole || js + o < Lout) store_vec(ys + o * C, pack(acc));
+        }}
+        asm volatile("cp.async.wait_group %0;" :: "n"(R - 1));
+#pragma unroll
+        for (int i = 0; i < KEEP; ++i) {{
+#pragma unroll
+            for (int v = 0; v < V; ++v) xw[i][v] = xw[i + WIN - KEEP][v];
+        }}
+#pragma unroll
+        for (int i = 0; i < NEW; ++i) unpack_x(xw[KEEP + i], ring[(s + 1) % R][i][tid]);
+    }}
+    asm volatile("cp.async.wait_all;");
+}}
+
+// The launch contract"""
+_RING_OLD = re.compile(r"#pragma unroll 1\n    for \(int s = 0; s < STEPS; \+\+s\) \{\n"
+                       r"        const int js = j0 \+ s \* OUTS;\n        if \(js >= Lout\) break;\n"
+                       r"        const bool more.*?\n\}\n\n// The launch contract", re.S)
+
+
+def _unroll_edit(u: int) -> tuple[str, list]:
+    """The channel forward's step loop unrolled by u (0: every step) and its window's shift made unconditional:
+    in an unrolled loop the shift is a renaming of registers, not moves."""
+    pragma = "#pragma unroll\n" if u == 0 else f"#pragma unroll {u}\n"
+    return (f"the channel forward's step loop unrolled ({u or 'fully'}), its window's shift unconditional (dw1d_cl)",
+            [("        if (more) {\n#pragma unroll\n            for (int i = 0; i < KEEP; ++i) {",
+              "        {  // unconditional: past the last step the shifted window is never read\n#pragma unroll\n"
+              "            for (int i = 0; i < KEEP; ++i) {"),
+             ("#pragma unroll 1\n    for (int s = 0; s < STEPS; ++s) {",
+              pragma + "    for (int s = 0; s < STEPS; ++s) {")])
+
+
 # name -> (what it tries, [(old text or pattern, new text), ...]); an edit whose old text a source lacks leaves
 # it alone
 EDITS = {
@@ -78,6 +158,10 @@ EDITS = {
                 [("cp.async.ca.shared.global [", "cp.async.ca.shared.global.L2::256B [")]),
     "async256": ("cp.async.cg copies with an L2::256B prefetch",
                  [("cp.async.cg.shared.global [", "cp.async.cg.shared.global.L2::256B [")]),
+    **{f"unroll{u}": _unroll_edit(u) for u in (0, 2, 3, 4)},
+    **{f"ring{n}": (f"the channel forward's next inputs fetched {n - 1} steps ahead by cp.async into a ring in "
+                    "shared memory (dw1d_cl)", [(_RING_OLD, _RING_LOOP.format(ring=n).replace("\\", "\\\\"))])
+       for n in (2, 4)},
     "pdl": ("the weight sums' launch programmatic-dependent on the kernel before it (backward families)",
             [("#include <cuda_runtime.h>\n", _PDL_LAUNCH),
              ("    constexpr int COLS = 32, GROUPS = 8;",

@@ -59,3 +59,17 @@ def test_pdl_launches_the_sums_through_the_helper_once_and_waits_in_them():
     src = probe_ab.edited(rendered("dw1d_bwdlane_bf16_k4_t128_o8_n2_h2", MAMBA), "pdl")
     assert "_sum<<<" not in src and src.count("dwgen_pdl_launch(dw1d_bwdlane_bf16_k4_t128_o8_n2_h2_sum, ") == 1
     assert src.count("#include <cuda_runtime.h>") == 1 and src.count("cudaGridDependencySynchronize();") == 1
+
+
+def test_channel_forward_edits_find_their_text_and_replace_the_register_prefetch():
+    src = rendered("dw1d_f16_k9_cl_t128_v4_o4_w16_c32", Problem(8, 1024, 4000, 9, 1, 4, 1, "fp16", False, "blc"),
+                   "fwd")
+    for e in ("unroll0", "unroll2", "unroll3", "unroll4", "ring2", "ring4"):
+        out = probe_ab.edited(src, e)
+        assert out is not None and out != src, e
+    unrolled = probe_ab.edited(src, "unroll3")
+    assert "#pragma unroll 3\n    for (int s = 0; s < STEPS; ++s) {" in unrolled
+    assert src.count("if (more) {") == 2 and unrolled.count("if (more) {") == 1  # the load stays conditional
+    ring = probe_ab.edited(src, "ring4")
+    assert "vec_t next[NEW];" not in ring and "constexpr int R = 4;" in ring
+    assert ring.count("cp.async.wait_group") == 1 and ring.count("// The launch contract") == 1
