@@ -54,6 +54,62 @@ int main(int argc, char** argv) {
 """
 
 
+# The PTX primitives of templates/_warp_mma.cu.j2, lane by lane for the CPU emulator: ldmatrix and mma.sync
+# gather the warp's operands through a shared table at a warp barrier, as the fragment layouts say (PTX ISA);
+# cp.async copies at once.
+WARP_MMA_ON_CPU = r"""
+static const void* emu_rows[1024];
+static unsigned emu_frag[1024][6];
+
+static float emu_widen(const unsigned bits) {
+{% if mma_type == "f16" %}
+    __half h;
+    h.x = static_cast<unsigned short>(bits);
+    return __half2float(h);
+{% else %}
+    return __uint_as_float(bits << 16);
+{% endif %}
+}
+
+inline void ldsm_x4_trans(unsigned (&r)[4], const void* row) {
+    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32;
+    emu_rows[t] = row;
+    emu::warp_barriers[t / 32].wait();
+    for (unsigned j = 0; j < 4; ++j) {
+        const auto* r0 = static_cast<const unsigned short*>(emu_rows[w + 8 * j + 2 * (l % 4)]);
+        const auto* r1 = static_cast<const unsigned short*>(emu_rows[w + 8 * j + 2 * (l % 4) + 1]);
+        r[j] = r0[l / 4] | static_cast<unsigned>(r1[l / 4]) << 16;
+    }
+    emu::warp_barriers[t / 32].wait();
+}
+
+inline void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32, g = l / 4, q = l % 4;
+    for (int i = 0; i < 4; ++i) emu_frag[t][i] = a[i];
+    emu_frag[t][4] = b0;
+    emu_frag[t][5] = b1;
+    emu::warp_barriers[t / 32].wait();
+    auto half = [&](unsigned lane, unsigned reg, unsigned k) {
+        return emu_widen((emu_frag[w + lane][reg] >> (16 * (k % 2))) & 0xffffu);
+    };
+    for (unsigned rr = 0; rr < 4; ++rr) {
+        const unsigned row = g + 8 * (rr >> 1), col = 2 * q + (rr & 1);
+        float s = 0.0f;
+        for (unsigned k = 0; k < 16; ++k) {  // A (row, k) and B (k, col) from the lanes that hold them
+            s += half(4 * (row % 8) + (k % 8) / 2, row / 8 + 2 * (k / 8), k)
+                 * half(4 * col + (k % 8) / 2, 4 + k / 8, k);
+        }
+        d[rr] += s;
+    }
+    emu::warp_barriers[t / 32].wait();
+}
+
+inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+inline void cp_async_commit() {}
+template <int PENDING> inline void cp_async_wait() {}
+"""
+
+
 def _emulated(source: str) -> str:
     """CUDA source for the host: cuda_on_cpu.h instead of the CUDA headers, each launch (templated ones included)
     a call of emu::launch."""
@@ -80,6 +136,11 @@ def _compile(name: str, text: str, tmp: Path) -> Path:
 
 def build(v: Variant, tmp: Path, main: str) -> Path:
     return _compile(v.name, cpu_source(v, main), tmp)
+
+
+def build_source(name: str, source: str, dtype: str, main: str, tmp: Path) -> Path:
+    """A kernel source rendered outside the registry (a family on trial), built as build builds a variant."""
+    return _compile(name, _emulated(source) + PRELUDE + main.replace("{{ storage }}", DTYPES[dtype].storage), tmp)
 
 
 def build_generic(name: str, source: str, dtype: str, main: str, tmp: Path) -> Path:

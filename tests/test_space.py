@@ -216,9 +216,10 @@ def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream) 
                                Problem(1, 768, 30, 3, 1, 1, dtype="fp16", layout="blc")], ids=lambda p: p.key)
 def test_blc_enumeration_matches_brute_force(p):
     expect = {combo for combo in itertools.product(*blc.AXES.values()) if brute_force_blc_ok(p, *combo)}
-    got = {tuple(getattr(v.config, a) for a in blc.AXES) for v in enumerate_space(p)}
+    channel = [v for v in enumerate_space(p) if isinstance(v.config, blc.Config)]  # other families' apart
+    got = {tuple(getattr(v.config, a) for a in blc.AXES) for v in channel}
     assert got == expect and got
-    for v in enumerate_space(p)[::17]:
+    for v in channel[::17]:
         assert config_from_name(v.name, p) == v.config and "_cl_" in v.name
 
 
