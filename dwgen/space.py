@@ -187,24 +187,8 @@ class Variant:
         )
 
     def edge_problems(self) -> list[Problem]:
-        """Other problems of this signature that break the family's assumptions (for the correctness gate).
-
-        A family names each edge's (left) padding; the right one follows the problem: the same as the left for
-        a symmetric problem, the problem's own right padding (0 for a causal one) for an asymmetric problem.
-        The activation is the problem's."""
-        p = self.problem
-        out: list[Problem] = []
-        for b, c, n, pad, bias in self.family.module.edge_sizes(p, self.config):
-            if n < 1:
-                continue
-            try:
-                q = replace(p, batch=b, channels=c, length=n, padding=pad, bias=bias,
-                            padding_right=pad if p.symmetric else p.padding_right)
-            except ProblemError:
-                continue  # no output at this length with this padding
-            if q not in out and q != p:
-                out.append(q)
-        return out
+        """Other problems of this signature that break the family's assumptions (for the correctness gate)."""
+        return edge_problems(self.problem, self.family.module.edge_sizes(self.problem, self.config))
 
     @property
     def config_dict(self) -> dict:
@@ -216,6 +200,26 @@ class Variant:
     def to_dict(self) -> dict:
         return {"problem": self.problem.to_dict(), "config": self.config_dict, "direction": self.direction}
 
+
+
+def edge_problems(p: Problem, sizes) -> list[Problem]:
+    """The problems a family's edge sizes (B, C, L, padding, bias) name beside p, those with no output left out.
+
+    A family names each edge's (left) padding; the right one follows the problem: the same as the left for a
+    symmetric problem, the problem's own right padding (0 for a causal one) for an asymmetric problem. The
+    activation is the problem's."""
+    out: list[Problem] = []
+    for b, c, n, pad, bias in sizes:
+        if n < 1:
+            continue
+        try:
+            q = replace(p, batch=b, channels=c, length=n, padding=pad, bias=bias,
+                        padding_right=pad if p.symmetric else p.padding_right)
+        except ProblemError:
+            continue  # no output at this length with this padding
+        if q not in out and q != p:
+            out.append(q)
+    return out
 
 def make_config(p: Problem, params: dict, direction: str = "fwd"):
     """The config these values make (ValueError when one is off its axis): a config dict of any family of p

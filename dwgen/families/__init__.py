@@ -43,3 +43,19 @@ def some_design_fits(p, config_type: type, restrictions) -> bool:
     """Whether any of a family's designs passes all its restrictions on p: a family with none would only cost
     a tune its asks (each refused)."""
     return any(all(r(p, c) for r in restrictions) for c in all_designs(config_type))
+
+
+def standalone(module, p, c) -> tuple[str, str, str]:
+    """(name, digest, CUDA source) of a variant of a family module not (yet) in the registry, as space.Variant
+    will make them once it is (name: its tokens under the module's FAMILY_NAME; digest: the same payload over
+    its template)."""
+    from dwgen import render, space
+
+    bad = [r.__name__ for r in module.RESTRICTIONS if not r(p, c)]
+    if bad:
+        raise render.RenderError(f"{p.key} {c} breaks {', '.join(bad)}")
+    name = "_".join([module.FAMILY_NAME, *space.signature_tokens(p)[1:], *module.name_tokens(c)])
+    digest = space.content_digest(
+        {"config": c.to_dict(), "signature": space.signature(p), "flags": list(space.NVCC_FLAGS)},
+        (module.TEMPLATE, space.COMMON_TEMPLATE))
+    return name, digest, render.render_family(module.TEMPLATE, module.render_context(p, c), p.dtype, name, digest)

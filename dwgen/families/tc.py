@@ -7,9 +7,11 @@ a 16-byte boundary, and the blocks are the columns of B. One m16n8k16 product pe
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dwgen import families
 from dwgen.families import AxisConfig
 from dwgen.problem import Problem
 
@@ -227,18 +229,9 @@ FAMILY_NAME = "dw1d_tc"  # first token of its variants' names
 
 
 def standalone(p: Problem, c: Config) -> tuple[str, str, str]:
-    """(name, digest, CUDA source) of a variant, built as space.Variant will once the registry holds this
-    family (name: its tokens under FAMILY_NAME; digest: the same payload over this family's template)."""
-    from dwgen import render, space
-
-    bad = [r.__name__ for r in RESTRICTIONS if not r(p, c)]
-    if bad:
-        raise render.RenderError(f"{p.key} {c} breaks {', '.join(bad)}")
-    name = "_".join([FAMILY_NAME, *space.signature_tokens(p)[1:], *name_tokens(c)])
-    digest = space.content_digest(
-        {"config": c.to_dict(), "signature": space.signature(p), "flags": list(space.NVCC_FLAGS)},
-        (TEMPLATE, space.COMMON_TEMPLATE))
-    return name, digest, render.render_family(TEMPLATE, render_context(p, c), p.dtype, name, digest)
+    """(name, digest, CUDA source) of a variant, as space.Variant will make them once the registry holds this
+    family (families.standalone)."""
+    return families.standalone(sys.modules[__name__], p, c)
 
 
 def applies(p: Problem) -> bool:

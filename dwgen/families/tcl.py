@@ -14,10 +14,13 @@ transposes.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dwgen import families
 from dwgen.families import AxisConfig
+from dwgen.families.tc import MMA_TYPES, sixteen_bit_only, unit_stride  # the same mma, the same Toeplitz form
 from dwgen.problem import Problem
 
 TEMPLATE = "dw1d_tcl.cu.j2"
@@ -36,7 +39,6 @@ VEC = 8  # 16-bit elements in a 16-byte vector: the channels one load reads
 W_OFF = 15  # pair index of tap position 0: a fragment looks up taps from t - m = 0 - 15 on
 MAX_CHUNKS = 12  # A fragments live in registers, 4 a chunk
 SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory without opting in to more
-MMA_TYPES = {"fp16": "f16", "bf16": "bf16"}
 FAMILY_NAME = "dw1d_tcl"  # first token of its variants' names; distinct from tc's, as both build into one module
 
 
@@ -99,19 +101,9 @@ class Tiling:
         return ct * (self.x_stride + self.y_stride) * self.problem.elem_bytes + ct * self.w_pairs * 4
 
 
-def sixteen_bit_only(p: Problem, c: Config) -> bool:
-    """mma.sync m16n8k16 multiplies fp16 or bf16."""
-    return p.dtype in MMA_TYPES
-
-
 def blc_only(p: Problem, c: Config) -> bool:
     """The staging reads positions of (B, L, C) memory; tc.py is the (B, C, L) kernel."""
     return p.layout == "blc"
-
-
-def unit_stride(p: Problem, c: Config) -> bool:
-    """Column block i + 1 is column block i shifted by 16 inputs only at stride 1."""
-    return p.stride == 1
 
 
 def channels_whole_vectors(p: Problem, c: Config) -> bool:
@@ -218,32 +210,12 @@ def applies(p: Problem) -> bool:
 
 def standalone(p: Problem, c: Config) -> tuple[str, str, str]:
     """(name, digest, CUDA source) of a variant, as space.Variant will make them once the registry holds this
-    family (name: its tokens under FAMILY_NAME; digest: the same payload over this family's template)."""
-    from dwgen import render, space
-
-    bad = [r.__name__ for r in RESTRICTIONS if not r(p, c)]
-    if bad:
-        raise render.RenderError(f"{p.key} {c} breaks {', '.join(bad)}")
-    name = "_".join([FAMILY_NAME, *space.signature_tokens(p)[1:], *name_tokens(c)])
-    digest = space.content_digest(
-        {"config": c.to_dict(), "signature": space.signature(p), "flags": list(space.NVCC_FLAGS)},
-        (TEMPLATE, space.COMMON_TEMPLATE))
-    return name, digest, render.render_family(TEMPLATE, render_context(p, c), p.dtype, name, digest)
+    family (families.standalone)."""
+    return families.standalone(sys.modules[__name__], p, c)
 
 
 def edge_problems(p: Problem, c: Config) -> list[Problem]:
-    """The problems edge_sizes names, as space.Variant.edge_problems makes them (those with no output left out)."""
-    from dataclasses import replace
+    """The problems edge_sizes names, as space.Variant.edge_problems makes them."""
+    from dwgen import space
 
-    from dwgen.problem import ProblemError
-
-    out: list[Problem] = []
-    for b, ch, n, pad, bias in edge_sizes(p, c):
-        try:
-            q = replace(p, batch=b, channels=ch, length=n, padding=pad, bias=bias,
-                        padding_right=pad if p.symmetric else p.padding_right)
-        except ProblemError:
-            continue
-        if q not in out and q != p:
-            out.append(q)
-    return out
+    return space.edge_problems(p, edge_sizes(p, c))
