@@ -118,6 +118,12 @@ inline __half __float2half_rn(const float f) {  // round to nearest even, as cvt
 typedef void* cudaStream_t;
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMisalignedAddress = 716 };
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+// A small GPU for the persistent walks: 2 SMs of 1 resident block, so that each block walks several items.
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) { *v = 2; return cudaSuccess; }
+template <class F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F, int, size_t) { *n = 1; return cudaSuccess; }
 
 namespace emu {
 constexpr size_t STACK = 256 * 1024;

@@ -32,12 +32,15 @@ AXES: dict[str, tuple] = {
     "cthreads": (16, 32),  # channels a block: two or four 16-byte vectors a position
     "tile": (256, 512),  # outputs a block along the length
     "nt": (1, 2),  # n8 tiles (128 outputs each) a warp computes at once, their products interleaved
+    # tile: a block an item; pers: a GPU-sized grid strides over the items, the next one's loads in registers
+    "walk": ("tile", "pers"),
 }
 
 OUTS_PER_N8 = 128
 VEC = 8  # 16-bit elements in a 16-byte vector: the channels one load reads
 W_OFF = 15  # pair index of tap position 0: a fragment looks up taps from t - m = 0 - 15 on
 MAX_CHUNKS = 12  # A fragments live in registers, 4 a chunk
+MAX_BATCH = 8  # staging loads a thread has in flight at once (16-byte vectors: 4 registers each)
 SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory without opting in to more
 FAMILY_NAME = "dw1d_tcl"  # first token of its variants' names; distinct from tc's, as both build into one module
 
@@ -48,6 +51,7 @@ class Config(AxisConfig):
     cthreads: int = 32
     tile: int = 256
     nt: int = 2
+    walk: str = "tile"
 
     AXES = AXES
 
@@ -96,6 +100,11 @@ class Tiling:
         return 16 * self.chunks + W_OFF
 
     @property
+    def x_iters(self) -> int:
+        """Staging loads a thread makes for an item."""
+        return -(-self.groups * self.x_row // self.config.threads)
+
+    @property
     def smem_bytes(self) -> int:
         ct = self.config.cthreads
         return ct * (self.x_stride + self.y_stride) * self.problem.elem_bytes + ct * self.w_pairs * 4
@@ -127,6 +136,11 @@ def smem_fits(p: Problem, c: Config) -> bool:
     return Tiling(p, c).smem_bytes <= SMEM_LIMIT_BYTES
 
 
+def persistent_holds_an_item(p: Problem, c: Config) -> bool:
+    """The persistent walk keeps the next item's staging loads in registers: at most one batch of them."""
+    return c.walk != "pers" or Tiling(p, c).x_iters <= MAX_BATCH
+
+
 def tile_fits_length(p: Problem, c: Config) -> bool:
     """A tile longer than the output computes what nobody stores."""
     return c.tile <= max(p.out_length, 256)
@@ -141,23 +155,26 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     tile_holds_whole_steps,
     a_fits_registers,
     smem_fits,
+    persistent_holds_an_item,
     tile_fits_length,
 )
 
 
 def name_tokens(c: Config) -> list[str]:
-    return [f"w{c.warps}", f"c{c.cthreads}", f"t{c.tile}", f"n{c.nt}"]
+    return [f"w{c.warps}", f"c{c.cthreads}", f"t{c.tile}", f"n{c.nt}"] + (["pers"] if c.walk == "pers" else [])
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
     keys = {"w": "warps", "c": "cthreads", "t": "tile", "n": "nt"}
     fields: dict = {}
     for tok in tokens:
-        if tok[:1] in keys and tok[1:].isdigit() and keys[tok[0]] not in fields:
+        if tok == "pers" and "walk" not in fields:
+            fields["walk"] = "pers"
+        elif tok[:1] in keys and tok[1:].isdigit() and keys[tok[0]] not in fields:
             fields[keys[tok[0]]] = int(tok[1:])
         else:
             raise ValueError(f"{name}: unknown token {tok!r}")
-    if len(fields) != len(keys):
+    if len(set(fields) & set(keys.values())) != len(keys):
         raise ValueError(f"{name}: expected one each of w<warps>, c<channels>, t<tile>, n<tiles>")
     return Config(**fields)
 
@@ -168,7 +185,7 @@ def render_context(p: Problem, c: Config) -> dict:
         "threads": c.threads, "warps": c.warps, "cthreads": c.cthreads, "tile": c.tile, "nt": c.nt, "vec": VEC,
         "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation, "nch": t.chunks,
         "x_row": t.x_row, "x_stride": t.x_stride, "y_stride": t.y_stride, "w_pairs": t.w_pairs, "w_off": W_OFF,
-        "mma_type": MMA_TYPES[p.dtype],
+        "mma_type": MMA_TYPES[p.dtype], "persistent": c.walk == "pers", "max_batch": MAX_BATCH,
     }
 
 
@@ -196,6 +213,8 @@ KNOWN_GOOD: tuple[Config, ...] = (
     Config(warps=4, cthreads=16, tile=512, nt=2),
     Config(warps=8, cthreads=32, tile=256, nt=1),
     Config(warps=2, cthreads=16, tile=256, nt=2),
+    Config(warps=8, cthreads=32, tile=256, nt=1, walk="pers"),
+    Config(warps=4, cthreads=16, tile=256, nt=2, walk="pers"),
 )
 
 
