@@ -39,6 +39,23 @@ def all_designs(config_type: type) -> tuple:
     return tuple(config_type(*v) for v in itertools.product(*config_type.AXES.values()))
 
 
+def fields_from_tokens(tokens: list[str], name: str, keys: dict[str, str], expected: str,
+                       flags: dict[str, tuple[str, object]] | None = None) -> dict:
+    """A config's fields from its name tokens: a letter and digits for each axis of keys (each once), and flag
+    words that set an axis (each once); ValueError names the first token it cannot read, or what is missing."""
+    flags = flags or {}
+    fields: dict = {}
+    for tok in tokens:
+        if tok in flags and flags[tok][0] not in fields:
+            fields[flags[tok][0]] = flags[tok][1]
+        elif tok[:1] in keys and tok[1:].isdigit() and keys[tok[0]] not in fields:
+            fields[keys[tok[0]]] = int(tok[1:])
+        else:
+            raise ValueError(f"{name}: unknown token {tok!r}")
+    if not set(keys.values()) <= set(fields):
+        raise ValueError(f"{name}: expected one each of {expected}")
+    return fields
+
 def some_design_fits(p, config_type: type, restrictions) -> bool:
     """Whether any of a family's designs passes all its restrictions on p: a family with none would only cost
     a tune its asks (each refused)."""

@@ -164,18 +164,12 @@ def name_tokens(c: Config) -> list[str]:
     return [f"w{c.warps}", f"c{c.cthreads}", f"t{c.tile}", f"n{c.nt}"] + (["pers"] if c.walk == "pers" else [])
 
 
+TOKEN_KEYS = {"w": "warps", "c": "cthreads", "t": "tile", "n": "nt"}
+
+
 def config_from_tokens(tokens: list[str], name: str) -> Config:
-    keys = {"w": "warps", "c": "cthreads", "t": "tile", "n": "nt"}
-    fields: dict = {}
-    for tok in tokens:
-        if tok == "pers" and "walk" not in fields:
-            fields["walk"] = "pers"
-        elif tok[:1] in keys and tok[1:].isdigit() and keys[tok[0]] not in fields:
-            fields[keys[tok[0]]] = int(tok[1:])
-        else:
-            raise ValueError(f"{name}: unknown token {tok!r}")
-    if len(set(fields) & set(keys.values())) != len(keys):
-        raise ValueError(f"{name}: expected one each of w<warps>, c<channels>, t<tile>, n<tiles>")
+    fields = families.fields_from_tokens(tokens, name, TOKEN_KEYS, "w<warps>, c<channels>, t<tile>, n<tiles>",
+                                         {"pers": ("walk", "pers")})
     return Config(**fields)
 
 
