@@ -171,6 +171,11 @@ int main() {
     ok &= forward("bf16 8x1024x6000 K3 S3", dwgen_launch_dw1d_any_bf16, 2, true, 8, 1024, 6000, 3, 3, 1, 1);
     ok &= forward("fp16 4x256x16000 K15", dwgen_launch_dw1d_any_f16, 2, false, 4, 256, 16000, 15, 1, 7, 1);
     ok &= forward("bf16 16x512x2001 K7", dwgen_launch_dw1d_any_bf16, 2, true, 16, 512, 2001, 7, 1, 3, 1);
+    // strides and dilations past the bench's rows (the spread kernel's fills, small to a whole shared-memory span)
+    ok &= forward("fp32 8x1024x6001 K3 S2", dwgen_launch_dw1d_any_f32, 4, false, 8, 1024, 6001, 3, 2, 1, 1);
+    ok &= forward("fp16 8x1024x8000 K7 S4 D2", dwgen_launch_dw1d_any_f16, 2, false, 8, 1024, 8000, 7, 4, 6, 2);
+    ok &= forward("bf16 16x512x4000 K9 D8", dwgen_launch_dw1d_any_bf16, 2, true, 16, 512, 4000, 9, 1, 32, 8);
+    ok &= forward("fp32 4x512x8000 K31 D4", dwgen_launch_dw1d_any_f32, 4, false, 4, 512, 8000, 31, 1, 60, 4);
     // (B, L, C): the bench's stride-3 row, then a long filter, a dilation and C not a whole number of vectors
     ok &= forward("blc bf16 8x1024x6000 K3 S3", dwgen_launch_dw1d_any_bf16, 2, true, 8, 1024, 6000, 3, 3, 1, 1, true);
     ok &= forward("blc fp16 16x512x2000 K15", dwgen_launch_dw1d_any_f16, 2, false, 16, 512, 2000, 15, 1, 7, 1, true);

@@ -240,10 +240,12 @@ def walking(tmp_path_factory):
 
 
 # (B, C, L, K, stride, left, right, dilation): four tiles a block through the window, two at stride 2, three at
-# dilation 2 (the general sums); paddings of more than two tiles a side, so that whole spans lie before the row's
-# start and past its end (the window kernel's offsets from a block's first tile)
+# dilation 2 (the spread kernel); paddings of more than two tiles a side, so that whole spans lie before the row's
+# start and past its end (the offsets from a block's first tile), through the window, the spread kernel (dilation 3)
+# and at stride 3 with dilation 2; stride 4 with dilation 8, and a span past AHEAD_FLOATS at stride 1
 WALKS = [(2, 3, 3500, 5, 1, 2, 2, 1), (1, 2, 2900, 7, 2, 3, 3, 1), (2, 2, 2600, 4, 1, 3, 3, 2),
-         (1, 2, 1000, 5, 1, 2500, 2300, 1)]
+         (1, 2, 1000, 5, 1, 2500, 2300, 1), (1, 2, 1000, 3, 1, 2600, 2400, 3), (1, 2, 1000, 3, 3, 3100, 2900, 2),
+         (1, 1, 9000, 2, 4, 1, 1, 8), (1, 1, 2500, 1100, 1, 549, 550, 1)]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -253,6 +255,30 @@ def test_a_block_walking_a_rows_tiles_matches_float64(walking, dtype, case):
     x, w, b = inputs(dtype, bsz, ch, length + 1, k)
     # rows one element off any vector boundary: the fill's vectors start inside a row's first tile
     check(walking, dtype, x[..., 1:], w, b, k, stride, left, right, dilation)
+
+
+@pytest.fixture(scope="module")
+def at_once(tmp_path_factory):
+    """The generic forward with its walks ahead's reach cut to under two tiles, so that every row problem takes
+    the rows kernel (which fills a span and then sums it), each block walking all its row's tiles; at full size
+    only rows past 2^30 / stride positions reach it."""
+    tmp = tmp_path_factory.mktemp("any_fwd_at_once")
+    reach = "constexpr long long WINDOW_REACH = 1LL << 30;"
+
+    def cut(dtype):
+        source = render.render_any(dtype)
+        assert source.count(reach) == 1
+        return source.replace(reach, "constexpr long long WINDOW_REACH = 1LL << 11;")
+
+    return build_walking(render.any_name, cut, MAIN, tmp), tmp
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", ROWS[:3] + ROWS[-3:] + WALKS[1:6], ids=lambda c: "x".join(map(str, c)))
+def test_the_rows_kernel_filling_at_once_matches_float64(at_once, dtype, case):
+    bsz, ch, length, k, stride, left, right, dilation = case
+    x, w, b = inputs(dtype, bsz, ch, length + 1, k, seed=11)
+    check(at_once, dtype, x[..., 1:], w, b, k, stride, left, right, dilation, act=int(k == 5))
 
 DIVISION = r"""
 #include <cstdio>
