@@ -257,6 +257,34 @@ def test_a_block_walking_a_rows_tiles_matches_float64(walking, dtype, case):
     check(walking, dtype, x[..., 1:], w, b, k, stride, left, right, dilation)
 
 
+def _drawn_row_problems(count: int, seed: int) -> list[tuple]:
+    """(B, C, L, K, stride, left, right, dilation, offset) drawn over the row kernels' parameters: strides 1-4,
+    dilations to 8 (never both 1: the window kernel has its own tests), K to 64, rows from 1 to 5000 long, paddings
+    to past the halo, x one element off a vector boundary or not."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        s, d = rng.choice([1, 2, 3, 4]), rng.choice([1, 2, 3, 5, 8])
+        d = 2 if s == 1 and d == 1 else d
+        k, length = rng.choice([1, 2, 3, 4, 5, 7, 9, 16, 31, 64]), rng.choice([1, 5, 33, 700, 1500, 3001, 5000])
+        halo = d * (k - 1)
+        left, right = rng.randint(0, halo + 3), rng.randint(0, halo + 3)
+        right += max(0, halo + 1 - length - left - right)  # at least one output
+        out.append((rng.choice([1, 2]), rng.choice([1, 3]), length, k, s, left, right, d, rng.choice([0, 1])))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", _drawn_row_problems(40, seed=7), ids=lambda c: "x".join(map(str, c)))
+def test_drawn_strided_and_dilated_row_problems_match_float64(walking, dtype, case):
+    """Each block walking its row's tiles, as the GPU's long rows do."""
+    bsz, ch, length, k, stride, left, right, dilation, offset = case
+    x, w, b = inputs(dtype, bsz, ch, length + offset, k, seed=length + k)
+    check(walking, dtype, x[..., offset:], w, b, k, stride, left, right, dilation, act=int(k == 5))
+
+
 @pytest.fixture(scope="module")
 def at_once(tmp_path_factory):
     """The generic forward with its walks ahead's reach cut to under two tiles, so that every row problem takes
