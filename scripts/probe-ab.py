@@ -162,6 +162,10 @@ EDITS = {
     **{f"ring{n}": (f"the channel forward's next inputs fetched {n - 1} steps ahead by cp.async into a ring in "
                     "shared memory (dw1d_cl)", [(_RING_OLD, _RING_LOOP.format(ring=n).replace("\\", "\\\\"))])
        for n in (2, 4)},
+    **{f"blocks{n}": (f"each kernel with a one-argument __launch_bounds__ asked for {n} blocks an SM (ptxas caps "
+                      "its registers to fit, spilling where it must)",
+                      [(re.compile(r"__launch_bounds__\((\d+)\)"), rf"__launch_bounds__(\1, {n})")])
+       for n in (5, 6)},
     "pdl": ("the weight sums' launch programmatic-dependent on the kernel before it (backward families)",
             [("#include <cuda_runtime.h>\n", _PDL_LAUNCH),
              ("    constexpr int COLS = 32, GROUPS = 8;",

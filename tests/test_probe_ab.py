@@ -55,6 +55,13 @@ def test_edits_find_their_text_in_the_templates(name, problem, edits):
         assert out is not None and out != src, e
 
 
+def test_blocks_edits_ask_ptxas_for_blocks_an_sm_on_one_argument_launch_bounds():
+    src = rendered("dw1d_f16_k9_cl_t128_v4_o4_w16_c32", Problem(8, 1024, 4000, 9, 1, 4, 1, "fp16", False, "blc"), "fwd")
+    assert "__launch_bounds__(128)" in src
+    out = probe_ab.edited(src, "blocks5")
+    assert "__launch_bounds__(128, 5)" in out and "__launch_bounds__(128)" not in out
+
+
 def test_pdl_launches_the_sums_through_the_helper_once_and_waits_in_them():
     src = probe_ab.edited(rendered("dw1d_bwdlane_bf16_k4_t128_o8_n2_h2", MAMBA), "pdl")
     assert "_sum<<<" not in src and src.count("dwgen_pdl_launch(dw1d_bwdlane_bf16_k4_t128_o8_n2_h2_sum, ") == 1
