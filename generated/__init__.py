@@ -199,9 +199,9 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
     an entry falls back to the generic kernel of its dtype, layout and K. A backward entry goes to the
     tuned_bwd table, a forward one to tuned; each must name a kernel of its direction. The generic designs
     are chosen to be good everywhere and are kept. The digests catch edits and corruption, not a forger who rewrites
-    both a file and the manifest. With tensor_cores False (DWGEN_TENSOR_CORES=0), entries whose kernel is of
-    the tensor-core family are left out: their problems run the CUDA-core generic kernels (README: non-finite
-    inputs)."""
+    both a file and the manifest. With tensor_cores False (DWGEN_TENSOR_CORES=0), entries and fast generic
+    kernels of the tensor-core families are left out: their problems run the CUDA-core generic kernels (README:
+    non-finite inputs)."""
     t = Tables()
     launcher = (here / m["launcher"]).read_text() if (here / m["launcher"]).exists() else ""
     table, _ = _launcher_table(launcher)
@@ -240,10 +240,13 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
         t.warnings.append(f"dwgen: generated/ was tuned on GPU architecture {', '.join(sorted(foreign))}, this GPU "
                           f"is {capability}: those entries fall back to the generic kernels; re-tune here with "
                           "`python tune.py`")
-    t.fast = {key: name for key, name in m["generic"]["fast"].items()
-              if name in t.kernels and t.kernels[name][1]["direction"] == "fwd"}
-    t.fast_bwd = {key: name for key, name in m["generic"]["fast_bwd"].items()
-                  if name in t.kernels and t.kernels[name][1]["direction"] == "bwd"}
+    def fast(part: str, direction: str) -> dict:
+        """A fast generic table; without tensor cores, its tensor-core kernels' keys run the generic kernel."""
+        return {key: name for key, name in m["generic"][part].items()
+                if name in t.kernels and t.kernels[name][1]["direction"] == direction
+                and (tensor_cores or t.kernels[name][1]["config"].get("family") not in TC_FAMILIES)}
+
+    t.fast, t.fast_bwd = fast("fast", "fwd"), fast("fast_bwd", "bwd")
     _lent_tables(t)
     return t
 

@@ -280,7 +280,23 @@ def test_tensor_cores_off_leaves_out_only_the_tensor_core_entries(here):
     assert tc["fwd"] <= set(on.tuned) and tc["bwd"] <= set(on.tuned_bwd)
     assert set(off.tuned) == set(on.tuned) - tc["fwd"]
     assert set(off.tuned_bwd) == set(on.tuned_bwd) - tc["bwd"]
-    assert off.fast == on.fast
+
+
+def test_tensor_cores_off_leaves_out_the_tensor_core_fast_generic_kernels(here):
+    """DWGEN_TENSOR_CORES=0 covers untuned problems too: a (dtype, layout, K) whose fast generic kernel is of a
+    tensor-core family runs the generic kernel instead (the C++ tables are built from these); the others keep
+    theirs."""
+    m = manifest(here)
+    frozen_dispatch.check_manifest(m)
+    family = {k["name"]: k["config"].get("family") for k in m["kernels"]}
+    on = frozen_dispatch._trusted(m, here, "9.0")
+    off = frozen_dispatch._trusted(m, here, "9.0", tensor_cores=False)
+    for table in ("fast", "fast_bwd"):
+        tc = {key for key, name in getattr(on, table).items() if family[name] in frozen_dispatch.TC_FAMILIES}
+        assert getattr(off, table) == {key: name for key, name in getattr(on, table).items() if key not in tc}
+    if not {key for key, name in on.fast.items() if family[name] in frozen_dispatch.TC_FAMILIES}:
+        pytest.skip("generated/ has no tensor-core fast generic kernel")
+    assert "fp16_bcl_k15" in on.fast and "fp16_bcl_k15" not in off.fast
 
 
 def test_tensor_cores_off_leaves_out_split_backward_entries_too(here):
@@ -299,4 +315,7 @@ def test_tensor_cores_off_leaves_out_split_backward_entries_too(here):
     on = frozen_dispatch._trusted(m, here, "9.0")
     off = frozen_dispatch._trusted(m, here, "9.0", tensor_cores=False)
     assert on.tuned_bwd == {key(e): e["kernel"]}
-    assert off.tuned_bwd == {} and off.fast_bwd == on.fast_bwd
+    assert off.tuned_bwd == {}
+    # the kernel marked as split backward here is also fp32 K3's fast generic backward: off, that key runs the
+    # generic kernel
+    assert off.fast_bwd == {k: n for k, n in on.fast_bwd.items() if k != "fp32_bcl_k3"}
