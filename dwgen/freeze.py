@@ -150,7 +150,8 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
 
     Entries carried over from the previous manifest are dropped when the current templates or flags
     would build a different kernel for them: their numbers no longer describe the code. `generic` maps
-    generic_key -> {"config": ..., measurements} for fast generic kernels chosen by measurement.
+    generic_choice_key -> {"config": ..., measurements} for fast generic kernels chosen by measurement (a
+    backward one's key ends in _bwd).
     """
     out_dir = Path(out_dir)
     entries: dict[tuple[str, int], dict] = {}
@@ -168,8 +169,8 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         e = _entry(w)
         entries[_entry_slot(e)] = e
     variants = {v.name: v for v in map(entry_variant, entries.values())}
-    fast = generic_variants({k: c["config"] for k, c in chosen.items()})
-    fast_bwd = generic_variants(direction="bwd")
+    designs = {k: c["config"] for k, c in chosen.items()}
+    fast, fast_bwd = generic_variants(designs), generic_variants(designs, direction="bwd")
     for v in [*fast, *fast_bwd]:
         variants.setdefault(v.name, v)
     kernels = [_kernel_record(variants[n]) for n in sorted(variants)]
@@ -265,8 +266,8 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         return [f"schema {m.get('schema')}"]
     stale = [_entry_label(e) for e in m["entries"] if entry_variant(e).digest != e["digest"]]
     # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
-    fast_variants = generic_variants({k: c["config"] for k, c in m["generic"]["chosen"].items()})
-    bwd_variants = generic_variants(direction="bwd")
+    designs = {k: c["config"] for k, c in m["generic"]["chosen"].items()}
+    fast_variants, bwd_variants = generic_variants(designs), generic_variants(designs, direction="bwd")
     variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *fast_variants, *bwd_variants]}
     for k in m["kernels"]:
         v = variants.get(k["name"])

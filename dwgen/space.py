@@ -382,7 +382,7 @@ def _measured_design(chosen: dict[str, dict], p: Problem, direction: str):
     may be of any family of the layout (its config names the family when it is not the primary one)."""
     nearest = sorted(GENERIC_KERNEL_SIZES, key=lambda k: (abs(k - p.kernel_size), k))
     for k in nearest:
-        params = chosen.get(generic_key(generic_problem(k, p.dtype, p.layout)))
+        params = chosen.get(generic_choice_key(generic_problem(k, p.dtype, p.layout), direction))
         if params:
             config = make_config(p, params, direction)
             if k == p.kernel_size or not violations(p, config, direction):
@@ -393,3 +393,9 @@ def _measured_design(chosen: dict[str, dict], p: Problem, direction: str):
 def generic_key(p: Problem) -> str:
     """What a generic kernel is looked up by: dtype, layout, K."""
     return f"{p.dtype}_{p.layout}_k{p.kernel_size}"
+
+
+def generic_choice_key(p: Problem, direction: str = "fwd") -> str:
+    """What a measured generic design is kept under (the manifest's generic choices): generic_key for the
+    forward, with `_bwd` after it for the backward."""
+    return generic_key(p) + ("_bwd" if direction == "bwd" else "")

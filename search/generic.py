@@ -1,12 +1,12 @@
 """python -m search.generic: choose, by measurement, the fast generic kernel of each (dtype, layout, K).
 
 Most users never tune their shape; the frozen module then runs one generic kernel per (dtype, layout, K)
-(stride 1, dilation 1, any length, padding and bias). For each, this checks and times a few candidate
-designs on training shapes (chosen apart from benchmarks/untuned.txt, which stays a held-out test), keeps
-the design with the best geometric mean of x copy (a tensor-core one only by a margin: TC_MARGIN), and
-freezes the choices into generated/ (its manifest records them). Each measurement, every candidate's x copy
-with it, is also kept under runs/generic/ as it is made, so a run that is stopped re-measures only what it
-had not finished.
+(stride 1, dilation 1, any length, padding and bias) in each direction (--direction bwd: the backward's). For
+each, this checks and times a few candidate designs on training shapes (chosen apart from
+benchmarks/untuned.txt, which stays a held-out test), keeps the design with the best geometric mean of x copy
+(a tensor-core one only by a margin: TC_MARGIN), and freezes the choices into generated/ (its manifest records
+them). Each measurement, every candidate's x copy with it, is also kept under runs/generic/ as it is made, so
+a run that is stopped re-measures only what it had not finished.
 """
 from __future__ import annotations
 
@@ -20,13 +20,22 @@ from pathlib import Path
 
 from dwgen import cli
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, tc
+from dwgen.families import bcl, blc, bwd, tc
 from dwgen.problem import LAYOUTS, Problem
-from dwgen.space import GENERIC_KERNEL_SIZES, Variant, generic_key, generic_problem, violations
+from dwgen.space import (
+    DIRECTIONS,
+    GENERIC_KERNEL_SIZES,
+    Variant,
+    generic_choice_key,
+    generic_problem,
+    violations,
+)
 
 
-def candidates(dtype: str, layout: str) -> list:
+def candidates(dtype: str, layout: str, direction: str = "fwd") -> list:
     """Designs that measured well on some suite shape (docs/perf-notes.md), with the dtype's 16-byte vector."""
+    if direction == "bwd":
+        return bwd_candidates(dtype, layout)
     v = DTYPES[dtype].max_vec
     if layout == "blc":  # the Mamba shape's finalists (H200, 2026-11-30), then the first generic design; then
         # narrower vectors for long filters, whose windows the wide ones cannot hold in registers (16-bit K15's
@@ -50,30 +59,54 @@ def candidates(dtype: str, layout: str) -> list:
     return designs
 
 
+def bwd_candidates(dtype: str, layout: str) -> list:
+    """The fused backward's designs (the one family whose launch takes any sizes and padding) that the suite's
+    backward tunes chose or measured near (docs/perf-notes.md): windows staged as stored (raw; rawp for 16-bit)
+    and tiles walked along a row, and over (B, L, C) the cp.async stage; candidate_variants adds the family's
+    first design (the fast generic backward before any measurement)."""
+    if layout == "blc":
+        return [bwd.Config(threads=256, outs=16, tc=64), bwd.Config(threads=256, outs=8, tc=64),
+                bwd.Config(threads=128, outs=16, tc=64, stage="async", tiles=4),
+                bwd.Config(threads=128, outs=16, tc=64, stage="async", tiles=2),
+                bwd.Config(threads=256, outs=16, tc=32, stage="async", tiles=2),
+                bwd.Config(threads=128, outs=8, tc=64, stage="async", tiles=2)]  # long fp32 filters fit this one
+    designs = [bwd.Config(threads=128, outs=8, stage="raw", tiles=4), bwd.Config(threads=128, outs=8, stage="raw"),
+               bwd.Config(threads=128, outs=8, stage="raw", regs=56),
+               bwd.Config(threads=256, outs=8, stage="raw", tiles=2)]
+    if DTYPES[dtype].bytes < 4:
+        designs += [bwd.Config(threads=128, outs=8, stage="rawp", tiles=4),
+                    bwd.Config(threads=128, outs=16, stage="rawp", tiles=2)]
+    return designs
+
+
 def training_problems(k: int, dtype: str, layout: str) -> list[Problem]:
     """Two large shapes per K, odd and even lengths, none of them in the benchmark's untuned suite."""
     return [Problem(8, 1024, 4000, k, 1, (k - 1) // 2, dtype=dtype, layout=layout),
             Problem(2, 2048, 12289, k, 1, k // 2, dtype=dtype, bias=True, layout=layout)]
 
 
-def candidate_variants(k: int, dtype: str, layout: str) -> list[Variant]:
-    """The candidates valid for this (dtype, layout, K), as variants of its generic stand-in problem."""
+def candidate_variants(k: int, dtype: str, layout: str, direction: str = "fwd") -> list[Variant]:
+    """The candidates valid for this (dtype, layout, K), as variants of its generic stand-in problem (for the
+    backward, the family's first design among them)."""
     stand_in = generic_problem(k, dtype, layout)
-    return [Variant(stand_in, c) for c in candidates(dtype, layout) if not violations(stand_in, c)]
+    designs = candidates(dtype, layout, direction)
+    if direction == "bwd" and (first := bwd.generic_config(stand_in)) not in designs:
+        designs.append(first)
+    return [Variant(stand_in, c, direction) for c in designs if not violations(stand_in, c, direction)]
 
 
-def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) -> dict:
+def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40, direction: str = "fwd") -> dict:
     """Measure every candidate on each training shape; return the record of the choice (decide) with every
     candidate's x copy kept beside it."""
-    from dwgen.worker import GpuWorker
+    from dwgen.worker import BwdGpuWorker, GpuWorker
     from search.loop import check_each
 
-    variants = candidate_variants(k, dtype, layout)
+    variants = candidate_variants(k, dtype, layout, direction)
     builds = build(variants)
     scores: dict[str, dict[str, float]] = {v.name: {} for v in variants}
     machine: dict = {}
     for p in training_problems(k, dtype, layout):
-        worker = GpuWorker(p)
+        worker = (BwdGpuWorker if direction == "bwd" else GpuWorker)(p)
         try:
             machine = machine or worker.machine()
             passed = []
@@ -89,9 +122,9 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40) 
         for name in list(scores):
             scores[name][p.key] = times[name] / times["copy_"]
     if not scores:
-        key = generic_key(generic_problem(k, dtype, layout))
+        key = generic_choice_key(generic_problem(k, dtype, layout), direction)
         raise RuntimeError(f"no generic candidate passed its check for {key}")
-    return decide(k, dtype, layout, scores, machine, log=log)
+    return decide(k, dtype, layout, scores, machine, log=log, direction=direction)
 
 
 # A tensor-core design must beat the best CUDA-core one by this much to be chosen. Two reasons: its non-finite
@@ -112,9 +145,10 @@ def pick(geomeans: dict[str, float], tensor_core: set[str]) -> str:
     return best if geomeans[best] < (1 - TC_MARGIN) * geomeans[runner_up] else runner_up
 
 
-def decide(k: int, dtype: str, layout: str, scores: dict[str, dict[str, float]], machine: dict, log=print) -> dict:
+def decide(k: int, dtype: str, layout: str, scores: dict[str, dict[str, float]], machine: dict, log=print,
+           direction: str = "fwd") -> dict:
     """The record of one (dtype, layout, K)'s choice from its candidates' x copy on each training shape."""
-    variants = {v.name: v for v in candidate_variants(k, dtype, layout)}
+    variants = {v.name: v for v in candidate_variants(k, dtype, layout, direction)}
     geo = {n: math.exp(sum(map(math.log, xs.values())) / len(xs)) for n, xs in scores.items()}
     for n in sorted(geo, key=geo.get):
         log(f"  {n:44s} " + " ".join(f"{x:.3f}" for x in scores[n].values()) + f"  geomean {geo[n]:.3f}x copy")
@@ -125,24 +159,25 @@ def decide(k: int, dtype: str, layout: str, scores: dict[str, dict[str, float]],
             "geomean_x_copy": geo[best], "machine": machine, "candidates": scores}
 
 
-def record_path(runs: Path, k: int, dtype: str, layout: str) -> Path:
+def record_path(runs: Path, k: int, dtype: str, layout: str, direction: str = "fwd") -> Path:
     """Where one (dtype, layout, K)'s measured choice is kept, named by the digests of the candidates it
     weighed: a changed template or candidate list names a new file, so an old measurement is never reused."""
-    digests = sorted(v.digest for v in candidate_variants(k, dtype, layout))
+    digests = sorted(v.digest for v in candidate_variants(k, dtype, layout, direction))
     tag = hashlib.sha256(json.dumps([digests, [p.key for p in training_problems(k, dtype, layout)]]).encode())
-    return runs / "generic" / f"{generic_key(generic_problem(k, dtype, layout))}-{tag.hexdigest()[:12]}.json"
+    key = generic_choice_key(generic_problem(k, dtype, layout), direction)
+    return runs / "generic" / f"{key}-{tag.hexdigest()[:12]}.json"
 
 
-def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=print) -> dict:
+def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=print, direction: str = "fwd") -> dict:
     """A measurement this machine made of the same candidates (an interrupted run), else a new one, kept."""
-    path = record_path(runs, k, dtype, layout)
+    path = record_path(runs, k, dtype, layout, direction)
     if path.is_file():
         log(f"  reusing the measurement in {path}")
         kept = json.loads(path.read_text())
         if "candidates" not in kept:  # kept before the candidates' scores were (thirtieth session): as chosen then
             return kept
-        return decide(k, dtype, layout, kept["candidates"], kept["machine"], log=log)  # today's rule
-    rec = choose(k, dtype, layout, build, log=log)
+        return decide(k, dtype, layout, kept["candidates"], kept["machine"], log=log, direction=direction)
+    rec = choose(k, dtype, layout, build, log=log, direction=direction)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1))
@@ -169,6 +204,8 @@ def main(argv: list[str]) -> int:
                     help="comma-separated K values to (re)choose; the others keep their choice")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--direction", choices=DIRECTIONS, default="fwd",
+                    help="the forward's generic kernels, or the backward's (bwd)")
     ap.add_argument("--out", type=cli.directory, default=None, help="the frozen module to update (default generated/)")
     ap.add_argument("--jobs", type=cli.int_range(1), default=None)
     ap.add_argument("--freeze-once", action="store_true",
@@ -197,10 +234,10 @@ def main(argv: list[str]) -> int:
         for dtype in dtypes:
             for layout in layouts:
                 for k in ks:
-                    key = generic_key(generic_problem(k, dtype, layout))
+                    key = generic_choice_key(generic_problem(k, dtype, layout), a.direction)
                     print(f"{key}: candidates on "
                           f"{', '.join(p.key for p in training_problems(k, dtype, layout))}", flush=True)
-                    chosen[key] = choose_or_reuse(k, dtype, layout, build, Path("runs"))
+                    chosen[key] = choose_or_reuse(k, dtype, layout, build, Path("runs"), direction=a.direction)
                 # Frozen (through the gate) after every (dtype, layout); runs/generic/ keeps each K in between.
                 if not a.freeze_once:
                     workflow.freeze_gated([], out, generic=chosen)

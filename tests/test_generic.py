@@ -37,7 +37,7 @@ def test_a_kept_measurement_is_reused_and_a_changed_candidate_list_is_not(tmp_pa
 
     calls = []
 
-    def fake_choose(k, dtype, layout, build, log=print):
+    def fake_choose(k, dtype, layout, build, log=print, direction="fwd"):
         calls.append((k, dtype, layout))
         return {"kernel": f"k{k}", "config": {}, "geomean_x_copy": 1.0}
 
@@ -47,7 +47,7 @@ def test_a_kept_measurement_is_reused_and_a_changed_candidate_list_is_not(tmp_pa
     assert first == again and len(calls) == 1
     assert not list(tmp_path.rglob("*.tmp"))
     real = generic.candidates
-    monkeypatch.setattr(generic, "candidates", lambda d, lay: real(d, lay)[:-1])
+    monkeypatch.setattr(generic, "candidates", lambda d, lay, direction="fwd": real(d, lay, direction)[:-1])
     generic.choose_or_reuse(3, "bf16", "bcl", None, tmp_path, log=lambda *_: None)
     assert len(calls) == 2  # other candidates: measured anew, not read from the old record
 
@@ -59,7 +59,7 @@ def test_choices_freeze_after_each_dtype_and_layout_or_once(monkeypatch, tmp_pat
 
     frozen = []
     monkeypatch.setattr(workflow, "gpu_builder", lambda runs, jobs: None)
-    monkeypatch.setattr(generic, "choose_or_reuse", lambda k, d, lay, build, runs: {
+    monkeypatch.setattr(generic, "choose_or_reuse", lambda k, d, lay, build, runs, direction="fwd": {
         "kernel": f"{d}_{lay}_k{k}", "geomean_x_copy": 1.0})
     monkeypatch.setattr(workflow, "freeze_gated", lambda winners, out, generic: frozen.append(sorted(generic)))
     monkeypatch.setattr(freeze, "DEFAULT_DIR", tmp_path)
@@ -140,3 +140,61 @@ def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeyp
     assert broken not in rec["candidates"] and len(rec["candidates"]) == len(variants) - 1
     assert all(list(xs) == shapes for xs in rec["candidates"].values())
     assert any("wrong" in line for line in lines)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_backward_candidates_are_valid_distinct_and_hold_the_first_design(dtype, layout):
+    """Every K has the fused backward's first design (today's fast generic backward) among its candidates, and
+    short filters several more; all of the family whose launch takes any sizes."""
+    from dwgen.families import bwd
+    from dwgen.space import generic_problem
+
+    for k in GENERIC_KERNEL_SIZES:
+        variants = candidate_variants(k, dtype, layout, "bwd")
+        names = [v.name for v in variants]
+        assert len(set(names)) == len(names), names
+        assert all(v.direction == "bwd" and v.family.name == "dw1d_bwd" for v in variants)
+        assert bwd.generic_config(generic_problem(k, dtype, layout)) in [v.config for v in variants]
+        assert len(names) >= (4 if k <= 8 else 2), f"{dtype} {layout} K{k}: only {names}"
+
+
+def test_backward_records_have_their_own_names_and_the_forwards_keep_theirs(tmp_path):
+    from search.generic import record_path
+
+    # the forward's name is the one the kept record in docs/proposed/generic-records carries
+    assert record_path(tmp_path, 3, "bf16", "bcl").name == "bf16_bcl_k3-609eba5bc382.json"
+    assert record_path(tmp_path, 3, "bf16", "bcl", "bwd").name.startswith("bf16_bcl_k3_bwd-")
+
+
+def test_backward_choices_are_kept_under_their_own_keys(monkeypatch, tmp_path, capsys):
+    from dwgen import freeze
+    from search import generic, workflow
+
+    frozen, asked = [], []
+    monkeypatch.setattr(workflow, "gpu_builder", lambda runs, jobs: None)
+
+    def fake(k, d, lay, build, runs, direction="fwd"):
+        asked.append(direction)
+        return {"kernel": f"{d}_{lay}_k{k}_{direction}", "geomean_x_copy": 1.5}
+
+    monkeypatch.setattr(generic, "choose_or_reuse", fake)
+    monkeypatch.setattr(workflow, "freeze_gated", lambda winners, out, generic: frozen.append(sorted(generic)))
+    monkeypatch.setattr(freeze, "DEFAULT_DIR", tmp_path)
+    argv = ["--direction", "bwd", "--kernel-sizes", "4,15", "--dtypes", "bf16", "--layouts", "bcl", "--freeze-once"]
+    assert generic.main(argv) == 0
+    assert frozen == [["bf16_bcl_k15_bwd", "bf16_bcl_k4_bwd"]] and asked == ["bwd", "bwd"]
+
+
+def test_a_measured_backward_design_becomes_the_fast_generic_backward_and_leaves_the_forward_alone():
+    from dwgen.space import generic_variants
+
+    variants = candidate_variants(4, "bf16", "bcl", "bwd")
+    pick = next(v for v in variants if v.config.stage == "raw" and v.config.tiles == 4)
+    chosen = {"bf16_bcl_k4_bwd": pick.config_dict}
+    bwd_names = {v.name for v in generic_variants(chosen, "bwd")}
+    assert pick.name in bwd_names
+    assert pick.name not in {v.name for v in generic_variants(None, "bwd")}
+    # K5 nobody measured takes K4's design where it fits (the nearest measured K)
+    assert "dw1d_bwd_bf16_k5_t128_o8_raw_b4" in bwd_names
+    assert {v.name for v in generic_variants(chosen)} == {v.name for v in generic_variants()}
