@@ -406,3 +406,27 @@ def test_the_launcher_and_the_python_dispatch_agree_on_the_fast_kernels_reach_an
     assert "if (std::max(pl, pr) > (K - 1) * D) return Choice{};" in text
     assert frozen_dispatch._SIGNATURE_FIELDS == ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
     assert "int64_t v[6] = {K, S, D, dtype, layout, act};" in text
+
+
+def test_a_measured_backward_generic_design_is_frozen_as_the_fast_backward_and_dispatched(tmp_path):
+    """search.generic --direction bwd's choice (key <dtype>_<layout>_k<K>_bwd) becomes the fast generic backward
+    of its K, and of the K nobody measured where it fits; the forward's fast kernels stay as they were; the
+    manifest is consistent (nothing stale) and the dispatcher's tables trust it."""
+    from dwgen.families import bwd
+    from dwgen.space import generic_problem
+
+    before = freeze.freeze([], tmp_path / "a", log=lambda s: None)
+    design = Variant(generic_problem(4, "bf16"), bwd.Config(threads=128, outs=8, stage="raw", tiles=4), "bwd")
+    chosen = {"bf16_bcl_k4_bwd": {"config": design.config_dict, "kernel": design.name, "geomean_x_copy": 1.6}}
+    m = freeze.freeze([], tmp_path / "b", log=lambda s: None, generic=chosen)
+    assert m["generic"]["fast_bwd"]["bf16_bcl_k4"] == design.name
+    assert m["generic"]["fast_bwd"]["bf16_bcl_k3"] == "dw1d_bwd_bf16_k3_t128_o8_raw_b4"  # the nearest measured K
+    assert m["generic"]["fast_bwd"]["fp32_bcl_k4"] == before["generic"]["fast_bwd"]["fp32_bcl_k4"]
+    assert m["generic"]["fast"] == before["generic"]["fast"]
+    assert m["generic"]["chosen"] == before["generic"]["chosen"] | chosen
+    assert freeze.stale_entries(tmp_path / "b") == []
+    from dwgen import frozen_dispatch
+
+    frozen_dispatch.check_manifest(m)
+    tables = frozen_dispatch._trusted(m, tmp_path / "b", "9.0")  # what the C++ dispatcher's rows are built from
+    assert tables.fast_bwd["bf16_bcl_k4"] == design.name and not tables.warnings
