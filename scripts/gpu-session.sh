@@ -47,6 +47,7 @@
 #   renders scripts/generic-harness.cu built against each folder of RENDERS (renderings of the generic kernels made
 #           with scripts/render-generic.py under .renders/, carried: e.g. RENDERS=".renders/base .renders/new"), the
 #           whole set run twice, interleaved (renders.log): one process's timings and output hashes side by side
+#           (python scripts/renders-table.py renders.log: one line a problem)
 #   ab      scripts/probe-ab.py $AB_ARGS: tuned variants rendered as now (A) and with a named edit to the rendered
 #           source (B), both checked, then timed in shuffled interleaved rounds beside copy_ (ab.log); e.g.
 #           AB_ARGS="--shape 8x4096x2048 -k 4 --padding causal --activation silu --dtype bf16 --direction bwd
