@@ -138,11 +138,6 @@ def build(v: Variant, tmp: Path, main: str) -> Path:
     return _compile(v.name, cpu_source(v, main), tmp)
 
 
-def build_source(name: str, source: str, dtype: str, main: str, tmp: Path) -> Path:
-    """A kernel source rendered outside the registry (a family on trial), built as build builds a variant."""
-    return _compile(name, _emulated(source) + PRELUDE + main.replace("{{ storage }}", DTYPES[dtype].storage), tmp)
-
-
 def build_generic(name: str, source: str, dtype: str, main: str, tmp: Path) -> Path:
     """A generic kernel's rendered source with main after it, T_ its element type."""
     return _compile(name, _emulated(source) + f"\nusing T_ = {DTYPES[dtype].storage};\n" + main, tmp)
