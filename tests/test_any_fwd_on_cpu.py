@@ -287,16 +287,19 @@ def test_drawn_strided_and_dilated_row_problems_match_float64(walking, dtype, ca
 
 @pytest.fixture(scope="module")
 def at_once(tmp_path_factory):
-    """The generic forward with its walks ahead's reach cut to under two tiles, so that every row problem takes
-    the rows kernel (which fills a span and then sums it), each block walking all its row's tiles; at full size
-    only rows past 2^30 / stride positions reach it."""
+    """The generic forward with its walks ahead's reach cut to under two tiles and no taps for the async walk, so
+    that every row problem takes the rows kernel (which fills a span and then sums it), each block walking all its
+    row's tiles; at full size only spans past the async walk's buffers or its taps reach it."""
     tmp = tmp_path_factory.mktemp("any_fwd_at_once")
-    reach = "constexpr long long WINDOW_REACH = 1LL << 30;"
+    cuts = {"constexpr long long WINDOW_REACH = 1LL << 30;": "constexpr long long WINDOW_REACH = 1LL << 11;",
+            "constexpr int ASYNC_WEIGHTS = 256;": "constexpr int ASYNC_WEIGHTS = 0;"}
 
     def cut(dtype):
         source = render.render_any(dtype)
-        assert source.count(reach) == 1
-        return source.replace(reach, "constexpr long long WINDOW_REACH = 1LL << 11;")
+        for old, new in cuts.items():
+            assert source.count(old) == 1
+            source = source.replace(old, new)
+        return source
 
     return build_walking(render.any_name, cut, MAIN, tmp), tmp
 
