@@ -252,8 +252,14 @@ def compile_many(jobs: Iterable[tuple[str, str, str]], cache_dir: Path, arch: st
 
     Returns the builds in the order of `jobs`; `on_done` sees each build as it finishes (in this thread),
     so that a long compile can show progress. A job that compiles longer than `timeout_s` is killed and
-    returned as a timeout."""
+    returned as a timeout. Two jobs with one key must have one source: they would build into one folder and
+    library, so that every caller loads whichever source compiled last."""
     jobs = list(jobs)
+    sources: dict[str, str] = {}
+    for name, source, key in jobs:
+        if sources.setdefault(key, source) != source:
+            raise ValueError(f"{name}: two jobs share the build key {key} with different sources; "
+                             "derive the key from the source (build_key of its digest)")
     workers = workers or max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(compile_library, n, s, k, cache_dir, arch, timeout_s) for n, s, k in jobs]

@@ -195,6 +195,15 @@ def edited(source: str, edit: str) -> str | None:
     return source
 
 
+def build_jobs(sides: list, arch: str) -> list[tuple[str, str, str]]:
+    """(name, source, build key) of each side, keyed by a digest of the side's own source. build_key keeps a
+    digest's first 24 characters, so a key of the variant's digest with the source's hash appended (as until the
+    thirty-fourth session) named every side of a variant alike: all of them loaded one library, whichever side
+    compiled last, and every edit measured as no change."""
+    return [(v.name, src, build.build_key(hashlib.sha256((v.digest + src).encode()).hexdigest(), arch))
+            for v, _, src in sides]
+
+
 def edit_name(text: str) -> str:
     unknown = [name for name in text.split("+") if name != "same" and name not in EDITS]
     if unknown:
@@ -269,9 +278,7 @@ def main(argv: list[str]) -> int:
                 print(f"{v.name}: edit {e} finds nothing to change; skipped")
             else:
                 sides.append((v, e, src))
-    jobs = [(v.name, src, build.build_key(v.digest + hashlib.sha256(src.encode()).hexdigest()[:12], arch))
-            for v, _, src in sides]
-    builds = build.compile_many(jobs, ROOT / "runs" / "build", arch=arch)
+    builds = build.compile_many(build_jobs(sides, arch), ROOT / "runs" / "build", arch=arch)
     evaluator = (_BwdBench if a.direction == "bwd" else _Bench)(p)
     fns, launchers, bad = {"copy_": bench.copy_operands(p)}, [], 0
     try:

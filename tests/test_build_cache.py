@@ -110,3 +110,11 @@ def test_two_variants_never_share_a_build_directory(monkeypatch):
     assert len({build.build_key(v.digest, "sm_90"), build.build_key(v.digest, "sm_80")}) == 2
     monkeypatch.setattr(build, "nvcc_version", lambda: "cuda_12.6.r12.6/compiler.0")
     assert build.build_key(v.digest, "sm_90") not in keys
+
+
+def test_one_key_with_two_sources_is_refused_before_any_compile(tmp_path, fake_nvcc):
+    with pytest.raises(ValueError, match="share the build key k1 with different sources"):
+        build.compile_many([("a", "// one", "k1"), ("b", "// two", "k1")], tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing compiled
+    builds = build.compile_many([("a", "// one", "k1"), ("a", "// one", "k1")], tmp_path)  # a repeat is fine
+    assert [b.status for b in builds] == ["ok", "ok"]

@@ -80,3 +80,15 @@ def test_channel_forward_edits_find_their_text_and_replace_the_register_prefetch
     ring = probe_ab.edited(src, "ring4")
     assert "vec_t next[NEW];" not in ring and "constexpr int R = 4;" in ring
     assert ring.count("cp.async.wait_group") == 1 and ring.count("// The launch contract") == 1
+
+
+def test_each_side_builds_from_its_own_source_in_its_own_folder():
+    # Until the thirty-fourth session every side of a variant shared one build folder (the key kept only the
+    # variant's digest), so A and its edits ran one library.
+    p = Problem(8, 1024, 4000, 9, 1, 4, dtype="fp16", layout="blc")
+    v = variant_from_name("dw1d_f16_k9_cl_t128_v4_o4_w16_c32", p, "fwd")
+    base = render.render_variant(v)
+    sides = [(v, "A", base)] + [(v, e, probe_ab.edited(base, e)) for e in ("same", "blocks5", "blocks6")]
+    keys = [key for _, _, key in probe_ab.build_jobs(sides, "sm_90")]
+    assert len(set(keys)) == len(keys), keys
+    assert probe_ab.build_jobs(sides[:1], "sm_90") == probe_ab.build_jobs(sides, "sm_90")[:1]  # A's key is stable
