@@ -86,7 +86,12 @@ def nvcc_version() -> str:
 
 
 def build_key(digest: str, arch: str) -> str:
-    """Build-cache key: the variant's content digest plus the target and the compiler that built it."""
+    """Build-cache key: the variant's content digest plus the target and the compiler that built it. Only a
+    whole sha256 digest is taken: the key keeps its first 24 characters, so anything appended to one (as
+    probe-ab once did to tell an edited source from its original) would be cut off and two sources would
+    share one library."""
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"build_key takes a sha256 hex digest of the source, not {digest!r}")
     return f"{digest[:24]}-{arch}-{re.sub(r'[^A-Za-z0-9.]+', '.', nvcc_version())}"
 
 

@@ -118,3 +118,11 @@ def test_one_key_with_two_sources_is_refused_before_any_compile(tmp_path, fake_n
     assert not list(tmp_path.iterdir())  # nothing compiled
     builds = build.compile_many([("a", "// one", "k1"), ("a", "// one", "k1")], tmp_path)  # a repeat is fine
     assert [b.status for b in builds] == ["ok", "ok"]
+
+
+def test_a_build_key_takes_only_a_whole_digest():
+    digest = "ab" * 32
+    assert build.build_key(digest, "sm_90").startswith(digest[:24])
+    for bad in (digest + "0123456789ab", digest[:40], "not-a-digest"):  # probe-ab's old key was the first
+        with pytest.raises(ValueError, match="sha256 hex digest"):
+            build.build_key(bad, "sm_90")
