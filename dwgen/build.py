@@ -216,11 +216,13 @@ def compile_library(name: str, source: str, key: str, cache_dir: Path, arch: str
     The CUDA runtime is linked as a shared library: loaded into a torch process, the variant then uses
     torch's own runtime, its current device and its streams. A build counts as done only when both its
     library and its log are there (the library is renamed into place after the log is written); what a
-    killed build left (temps, a source without a library) is cleared or rewritten, never trusted."""
+    killed build left (temps, a source without a library) is cleared or rewritten, never trusted; nor is a
+    library built from another source under this key (the source beside it differs): it is rebuilt."""
     out_dir = Path(cache_dir) / key
     library = out_dir / f"{name}.so"
     log_path = out_dir / f"{name}.log"
-    if library.exists() and log_path.exists():
+    built_from = out_dir / f"{name}.cu"
+    if library.exists() and log_path.exists() and built_from.exists() and built_from.read_text() == source:
         log = log_path.read_text()
         return Build(name, "ok", str(library), log, str(log_path), 0.0, cached=True, **parse_ptxas(log))
     out_dir.mkdir(parents=True, exist_ok=True)

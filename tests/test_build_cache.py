@@ -45,6 +45,14 @@ def test_a_finished_build_is_reused(tmp_path, fake_nvcc):
     assert again.registers == 32
 
 
+def test_a_library_of_another_source_under_the_key_is_rebuilt(tmp_path, fake_nvcc):
+    # what probe-ab's old keys could leave in runs/build: an edited source's library under its variant's key
+    build.compile_library("tiny", SOURCE.replace("1.0f", "2.0f"), "k", tmp_path)
+    b = build.compile_library("tiny", SOURCE, "k", tmp_path)
+    assert b.ok and not b.cached and len(fake_nvcc) == 2
+    assert (tmp_path / "k" / "tiny.cu").read_text() == SOURCE
+
+
 @pytest.mark.parametrize("left", [
     {"tiny.so": b"\x7fELF"},                                      # a library without its log
     {"tiny.log": "ptxas", "tiny.cu": SOURCE[:20]},                # killed between the log and the rename
