@@ -144,6 +144,13 @@ def _generic_choices(old: dict, new: dict | None) -> dict:
     return chosen
 
 
+def _fast_generic(chosen: dict) -> tuple[list[Variant], list[Variant]]:
+    """The fast generic kernels of both directions from the manifest's measured choices (the rest of the keys
+    take the nearest measured K's design, or the family's first)."""
+    designs = {k: c["config"] for k, c in chosen.items()}
+    return generic_variants(designs), generic_variants(designs, direction="bwd")
+
+
 def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generic: dict | None = None) -> dict:
     """Merge winners into generated/ (a winner replaces the entry of the same problem and direction) and return
     the manifest.
@@ -169,8 +176,7 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         e = _entry(w)
         entries[_entry_slot(e)] = e
     variants = {v.name: v for v in map(entry_variant, entries.values())}
-    designs = {k: c["config"] for k, c in chosen.items()}
-    fast, fast_bwd = generic_variants(designs), generic_variants(designs, direction="bwd")
+    fast, fast_bwd = _fast_generic(chosen)
     for v in [*fast, *fast_bwd]:
         variants.setdefault(v.name, v)
     kernels = [_kernel_record(variants[n]) for n in sorted(variants)]
@@ -266,8 +272,7 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         return [f"schema {m.get('schema')}"]
     stale = [_entry_label(e) for e in m["entries"] if entry_variant(e).digest != e["digest"]]
     # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
-    designs = {k: c["config"] for k, c in m["generic"]["chosen"].items()}
-    fast_variants, bwd_variants = generic_variants(designs), generic_variants(designs, direction="bwd")
+    fast_variants, bwd_variants = _fast_generic(m["generic"]["chosen"])
     variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *fast_variants, *bwd_variants]}
     for k in m["kernels"]:
         v = variants.get(k["name"])
