@@ -110,6 +110,84 @@ template <int PENDING> inline void cp_async_wait() {}
 """
 
 
+# templates/_warp_mma_extra.cu.j2 lane by lane: ldmatrix and stmatrix meet the warp's row addresses (and, storing,
+# its fragments) in shared tables at a warp barrier, the m16n8k8 product its fragments (as WARP_MMA_ON_CPU's
+# m16n8k16, whose emu_widen it uses); the zero-filling copy reads its source only when valid.
+# Shared memory here starts as zeros, where the device's holds whatever was there: so ldmatrix exits the program
+# (code 4) on a row this block's copies did not write.
+WARP_LDST_ON_CPU = r"""
+static void* emu_ldst_rows[1024];
+static unsigned emu_ldst_vals[1024][2];
+static std::unordered_set<const void*> emu_copied;  // 16-byte rows the current block's copies wrote
+static unsigned emu_copied_block = ~0u;
+
+inline void ldsm_x4(unsigned (&r)[4], const void* row) {
+    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32;
+    emu_ldst_rows[t] = const_cast<void*>(row);
+    emu::warp_barriers[t / 32].wait();
+    for (unsigned j = 0; j < 4; ++j) {
+        const void* src = emu_ldst_rows[w + 8 * j + l / 4];
+        if (emu_copied_block != blockIdx.x || !emu_copied.count(src)) {
+            std::fprintf(stderr, "block %u: ldmatrix row not staged by its copies\n", blockIdx.x);
+            std::exit(4);
+        }
+        r[j] = static_cast<const unsigned*>(src)[l % 4];
+    }
+    emu::warp_barriers[t / 32].wait();
+}
+
+inline void ldsm_x2(unsigned (&r)[2], const void* row) {
+    unsigned all[4];
+    ldsm_x4(all, row);  // matrices 2 and 3 read what lanes 16 .. 31 point at: rows the block staged
+    r[0] = all[0];
+    r[1] = all[1];
+}
+
+static unsigned emu_frag8[1024][3];
+
+inline void mma1688(float (&d)[4], const unsigned a0, const unsigned a1, const unsigned b) {
+    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32, g = l / 4, q = l % 4;
+    emu_frag8[t][0] = a0;
+    emu_frag8[t][1] = a1;
+    emu_frag8[t][2] = b;
+    emu::warp_barriers[t / 32].wait();
+    auto half = [&](unsigned lane, unsigned reg, unsigned k) {
+        return emu_widen((emu_frag8[w + lane][reg] >> (16 * (k % 2))) & 0xffffu);
+    };
+    for (unsigned rr = 0; rr < 4; ++rr) {
+        const unsigned row = g + 8 * (rr >> 1), col = 2 * q + (rr & 1);
+        float s = 0.0f;
+        for (unsigned k = 0; k < 8; ++k) s += half(4 * (row % 8) + k / 2, row / 8, k) * half(4 * col + k / 2, 2, k);
+        d[rr] += s;
+    }
+    emu::warp_barriers[t / 32].wait();
+}
+
+inline void stsm_x2(void* row, const unsigned r0, const unsigned r1) {
+    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32;
+    emu_ldst_rows[t] = row;
+    emu_ldst_vals[t][0] = r0;
+    emu_ldst_vals[t][1] = r1;
+    emu::warp_barriers[t / 32].wait();
+    if (l < 16) {  // lane l's row is row l % 8 of matrix l / 8, whose 4 words lanes 4 (l % 8) .. + 3 hold
+        for (unsigned k = 0; k < 4; ++k)
+            static_cast<unsigned*>(emu_ldst_rows[t])[k] = emu_ldst_vals[w + 4 * (l % 8) + k][l / 8];
+    }
+    emu::warp_barriers[t / 32].wait();
+}
+
+inline void cp_async16_or_zero(void* dst, const void* src, const bool valid) {
+    if (emu_copied_block != blockIdx.x) {
+        emu_copied.clear();
+        emu_copied_block = blockIdx.x;
+    }
+    emu_copied.insert(dst);
+    if (valid) std::memcpy(dst, src, 16);
+    else std::memset(dst, 0, 16);
+}
+"""
+
+
 def _emulated(source: str) -> str:
     """CUDA source for the host: cuda_on_cpu.h instead of the CUDA headers, each launch (templated ones included)
     a call of emu::launch."""
