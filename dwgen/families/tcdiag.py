@@ -194,7 +194,7 @@ def channel_multiple(p: Problem, c: Config) -> int:
     return VEC
 
 
-# First guesses (unmeasured): 4 or 8 warps, 128-256 outputs a tile, walks of 4 and 16 tiles and none.
+# First guesses (unmeasured): 4 to 8 warps, 64-256 outputs a tile, walks of 4 and 16 tiles and none.
 KNOWN_GOOD: tuple[Config, ...] = (
     Config(chunks=4, wpc=2, tile=128, nt=2, steps=4),
     Config(chunks=8, wpc=1, tile=128, nt=2, steps=4),
@@ -203,6 +203,8 @@ KNOWN_GOOD: tuple[Config, ...] = (
     Config(chunks=2, wpc=4, tile=256, nt=2, steps=1),
     Config(chunks=8, wpc=2, tile=64, nt=1, steps=1),
     Config(chunks=4, wpc=4, tile=128, nt=1, steps=4),
+    Config(chunks=4, wpc=2, tile=64, nt=2, steps=4),  # strides 3 and 4: a 64-output tile reads 190-250 positions
+    Config(chunks=2, wpc=2, tile=64, nt=1, steps=4),
 )
 
 
