@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import probecli  # noqa: E402  (beside this script)
+
 from dwgen import build, render  # noqa: E402
 
 # 16-byte and 8-byte global loads through the non-coherent path with an L2 prefetch of the 256-byte sector

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import probecli  # noqa: E402  (beside this script)
+
 from dwgen import build, render  # noqa: E402
 from dwgen.worker import BwdLauncher, Candidate, Launcher  # noqa: E402
 

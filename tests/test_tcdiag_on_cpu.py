@@ -1,7 +1,7 @@
 """The (B, L, C) tensor-core forward with channels as the product's columns (dwgen/families/tcdiag.py, not yet
-registered): its own source on the CPU emulator, ldmatrix, stmatrix, mma.sync and the zero-filling cp.async
-emulated lane by lane (m16n8k8 too), against float64 on designs that cover its paths and on its family's edge problems. Says
-nothing of speed."""
+registered): its own source on the CPU emulator, ldmatrix, stmatrix, both mma.sync shapes and the zero-filling
+cp.async emulated lane by lane, against float64 on designs that cover its paths and on its family's edge problems.
+Says nothing of speed."""
 from __future__ import annotations
 
 import shutil

@@ -6,12 +6,12 @@ over two taps h by the same eight channels:
     y[m][n] = b[n] + sum_h sum_n' A[m][8h + n'] * B[8h + n'][n],
     A[m][8h + n'] = x[(j0 + m) * S - P + (2i + h) * D][n'],   B[8h + n'][n] = w[n][2i + h] if n' == n, else 0,
 
-one m16n8k16 product a tap pair i (an odd K's last tap: one m16n8k8, h = 0 alone). A's rows are staged 16-byte chunks of x as they lie in memory (8 channels of one
-position), so ldmatrix reads them straight from the cp.async copy, and the results go back through stmatrix as
-chunks of 8 channels of one position: the (B, L, C) order both ways, where tcl (thirty-second session, removed in
-the thirty-third) transposed each element twice through shared memory and lost to the CUDA-core channel family.
-B is diagonal, so 7/8 of each product is zeros: at K15, 8 products for 128 outputs, inside the tensor cores' rate
-at copy speed (docs/perf-notes.md).
+one m16n8k16 product a tap pair i (an odd K's last tap: one m16n8k8, h = 0 alone). A's rows are staged 16-byte
+chunks of x as they lie in memory (8 channels of one position), so ldmatrix reads them straight from the cp.async
+copy, and the results go back through stmatrix as chunks of 8 channels of one position: the (B, L, C) order both
+ways, where tcl (thirty-second session, removed in the thirty-third) transposed each element twice through shared
+memory and lost to the CUDA-core channel family. B is diagonal, so 7/8 of each product is zeros: at K15, 7
+products and a short one for 128 outputs, inside the tensor cores' rate at copy speed (docs/perf-notes.md).
 
 Not in the registry yet (dwgen/space.py FAMILIES): unmeasured; docs/proposed/tcdiag-register.diff registers it
 for scripts/ab-tcdiag.txt. `standalone` renders its variants as the registry will.
