@@ -104,28 +104,71 @@ inline void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigne
     emu::warp_barriers[t / 32].wait();
 }
 
-inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
-inline void cp_async_commit() {}
-template <int PENDING> inline void cp_async_wait() {}
+// cp.async: a copy lands when its thread waits on its group, as the device only promises; until then its
+// destination reads as NaN (0xff bytes in every float type), so a read before the wait (or before the barrier
+// after it, for another thread's copies) gives a wrong output. Copies left pending by a block are dropped.
+struct EmuCopy {
+    void* dst;
+    const void* src;
+    bool valid;
+};
+static std::vector<EmuCopy> emu_pending[1024];  // a thread's copies issued and not yet landed
+static std::vector<size_t> emu_group_ends[1024];  // the pending count at each of its commits
+static unsigned emu_pending_block[1024];
+
+inline void emu_same_block() {
+    const unsigned t = threadIdx.x, block = blockIdx.x + gridDim.x * blockIdx.y;
+    if (emu_pending_block[t] != block) {
+        emu_pending[t].clear();
+        emu_group_ends[t].clear();
+        emu_pending_block[t] = block;
+    }
+}
+
+inline void emu_copy_issue(void* dst, const void* src, const bool valid) {
+    emu_same_block();
+    std::memset(dst, 0xff, 16);
+    emu_pending[threadIdx.x].push_back({dst, src, valid});
+}
+
+inline void cp_async16(void* dst, const void* src) { emu_copy_issue(dst, src, true); }
+inline void cp_async_commit() {
+    emu_same_block();
+    emu_group_ends[threadIdx.x].push_back(emu_pending[threadIdx.x].size());
+}
+template <int PENDING> inline void cp_async_wait() {  // every committed group lands but the PENDING latest
+    emu_same_block();
+    auto& q = emu_pending[threadIdx.x];
+    auto& ends = emu_group_ends[threadIdx.x];
+    if (static_cast<int>(ends.size()) <= PENDING) return;
+    const size_t done = ends[ends.size() - PENDING - 1];
+    for (size_t i = 0; i < done; ++i) {
+        if (q[i].valid) std::memcpy(q[i].dst, q[i].src, 16);
+        else std::memset(q[i].dst, 0, 16);
+    }
+    q.erase(q.begin(), q.begin() + static_cast<long>(done));
+    ends.erase(ends.begin(), ends.end() - PENDING);
+    for (auto& e : ends) e -= done;
+}
 """
 
 
-# templates/_warp_mma_extra.cu.j2 lane by lane: ldmatrix and stmatrix meet the warp's row addresses (and, storing,
-# its fragments) in shared tables at a warp barrier, the m16n8k8 product its fragments (as WARP_MMA_ON_CPU's
-# m16n8k16, whose emu_widen it uses); the zero-filling copy reads its source only when valid.
-# Shared memory here starts as zeros, where the device's holds whatever was there: so ldmatrix exits the program
-# (code 4) on a row this block's copies did not write.
+# templates/_warp_mma_extra.cu.j2 lane by lane: ldmatrix meets the warp's row addresses in a shared table at a
+# warp barrier, the m16n8k8 product its fragments (as WARP_MMA_ON_CPU's m16n8k16, whose emu_widen it uses); the
+# zero-filling copy is deferred to its wait as WARP_MMA_ON_CPU's cp.async. Shared memory here starts as zeros,
+# where the device's holds whatever was there: so ldmatrix exits the program (code 4) on a row that no copy of
+# its block wrote.
 WARP_LDST_ON_CPU = r"""
 static void* emu_ldst_rows[1024];
-static unsigned emu_ldst_vals[1024][2];
 static std::unordered_set<const void*> emu_copied;  // 16-byte rows the current block's copies wrote
 static unsigned emu_copied_block = ~0u;
 
-inline void ldsm_x4(unsigned (&r)[4], const void* row) {
+template <int N>
+inline void emu_ldsm(unsigned (&r)[N], const void* row) {
     const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32;
     emu_ldst_rows[t] = const_cast<void*>(row);
     emu::warp_barriers[t / 32].wait();
-    for (unsigned j = 0; j < 4; ++j) {
+    for (unsigned j = 0; j < N; ++j) {  // matrix j's rows come from lanes 8j .. 8j + 7
         const void* src = emu_ldst_rows[w + 8 * j + l / 4];
         if (emu_copied_block != blockIdx.x || !emu_copied.count(src)) {
             std::fprintf(stderr, "block %u: ldmatrix row not staged by its copies\n", blockIdx.x);
@@ -135,13 +178,9 @@ inline void ldsm_x4(unsigned (&r)[4], const void* row) {
     }
     emu::warp_barriers[t / 32].wait();
 }
-
-inline void ldsm_x2(unsigned (&r)[2], const void* row) {
-    unsigned all[4];
-    ldsm_x4(all, row);  // matrices 2 and 3 read what lanes 16 .. 31 point at: rows the block staged
-    r[0] = all[0];
-    r[1] = all[1];
-}
+inline void ldsm_x4(unsigned (&r)[4], const void* row) { emu_ldsm(r, row); }
+inline void ldsm_x2(unsigned (&r)[2], const void* row) { emu_ldsm(r, row); }
+inline void ldsm_x1(unsigned (&r)[1], const void* row) { emu_ldsm(r, row); }
 
 static unsigned emu_frag8[1024][3];
 
@@ -163,27 +202,13 @@ inline void mma1688(float (&d)[4], const unsigned a0, const unsigned a1, const u
     emu::warp_barriers[t / 32].wait();
 }
 
-inline void stsm_x2(void* row, const unsigned r0, const unsigned r1) {
-    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32;
-    emu_ldst_rows[t] = row;
-    emu_ldst_vals[t][0] = r0;
-    emu_ldst_vals[t][1] = r1;
-    emu::warp_barriers[t / 32].wait();
-    if (l < 16) {  // lane l's row is row l % 8 of matrix l / 8, whose 4 words lanes 4 (l % 8) .. + 3 hold
-        for (unsigned k = 0; k < 4; ++k)
-            static_cast<unsigned*>(emu_ldst_rows[t])[k] = emu_ldst_vals[w + 4 * (l % 8) + k][l / 8];
-    }
-    emu::warp_barriers[t / 32].wait();
-}
-
 inline void cp_async16_or_zero(void* dst, const void* src, const bool valid) {
     if (emu_copied_block != blockIdx.x) {
         emu_copied.clear();
         emu_copied_block = blockIdx.x;
     }
     emu_copied.insert(dst);
-    if (valid) std::memcpy(dst, src, 16);
-    else std::memset(dst, 0, 16);
+    emu_copy_issue(dst, src, valid);
 }
 """
 

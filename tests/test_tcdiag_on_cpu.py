@@ -1,7 +1,7 @@
 """The (B, L, C) tensor-core forward with channels as the product's columns (dwgen/families/tcdiag.py, not yet
-registered): its own source on the CPU emulator, ldmatrix, stmatrix, both mma.sync shapes and the zero-filling
-cp.async emulated lane by lane, against float64 on designs that cover its paths and on its family's edge problems.
-Says nothing of speed."""
+registered): its own source on the CPU emulator, ldmatrix, both mma.sync shapes and the zero-filling cp.async
+(landing only at its wait) emulated lane by lane, against float64 on designs that cover its paths and on its
+family's edge problems; its schedule and shared-memory layout by their own rules. Says nothing of speed."""
 from __future__ import annotations
 
 import shutil
@@ -26,15 +26,15 @@ def blc(b, c, n, k, s, pad, d, dtype, **kw) -> Problem:
 # (the staged rows by phase) with dilation; odd K (the last tap's m16n8k8 product); K31 (16 tap pairs, the most
 # registers); K1; channels past C in a block.
 CASES = [
-    (blc(2, 64, 300, 15, 1, 7, 1, "fp16", bias=True), Config(chunks=4, wpc=2, tile=128, nt=2, steps=4)),
+    (blc(2, 64, 300, 15, 1, 7, 1, "fp16", bias=True), Config(chunks=4, wpc=2, tile=128, steps=4)),
     (blc(1, 64, 300, 4, 1, 3, 1, "bf16", padding_right=0, activation="silu"),
-     Config(chunks=8, wpc=1, tile=128, nt=2, steps=1)),
-    (blc(2, 40, 600, 9, 1, 4, 1, "fp16"), Config(chunks=2, wpc=4, tile=256, nt=2, steps=4)),
-    (blc(2, 32, 257, 5, 2, 2, 1, "bf16", bias=True), Config(chunks=4, wpc=2, tile=64, nt=1, steps=16)),
-    (blc(1, 24, 501, 7, 3, 6, 2, "fp16", activation="silu"), Config(chunks=4, wpc=4, tile=128, nt=1, steps=1)),
-    (blc(1, 16, 200, 31, 1, 15, 1, "bf16", bias=True), Config(chunks=2, wpc=2, tile=64, nt=1, steps=4)),
-    (blc(2, 16, 333, 1, 4, 0, 8, "fp16"), Config(chunks=2, wpc=1, tile=64, nt=2, steps=4)),
-    (blc(1, 8, 190, 6, 1, 9, 3, "bf16", padding_right=2), Config(chunks=8, wpc=2, tile=64, nt=1, steps=16)),
+     Config(chunks=8, wpc=1, tile=128, steps=1)),
+    (blc(2, 40, 600, 9, 1, 4, 1, "fp16"), Config(chunks=2, wpc=4, tile=256, steps=4)),
+    (blc(2, 32, 257, 5, 2, 2, 1, "bf16", bias=True), Config(chunks=4, wpc=2, tile=64, steps=16)),
+    (blc(1, 24, 501, 7, 3, 6, 2, "fp16", activation="silu"), Config(chunks=4, wpc=4, tile=128, steps=1)),
+    (blc(1, 16, 200, 31, 1, 15, 1, "bf16", bias=True), Config(chunks=2, wpc=2, tile=64, steps=4)),
+    (blc(2, 16, 333, 1, 4, 0, 8, "fp16"), Config(chunks=2, wpc=1, tile=64, steps=4)),
+    (blc(1, 8, 190, 6, 1, 9, 3, "bf16", padding_right=2), Config(chunks=8, wpc=2, tile=64, steps=16)),
 ]
 
 
@@ -50,10 +50,12 @@ def _binary(p: Problem, c: Config, tmp, monkeypatch):
 
 
 def _checks(p: Problem, c: Config) -> list[Problem]:
-    """Its problem, the other bias, and its family's edge problems up to 1000 long (the emulator is slow)."""
+    """Its problem, the other bias, and its family's edge problems up to 1000 long or of one channel chunk (the
+    emulator is slow)."""
     from dataclasses import replace
 
-    return [p, replace(p, bias=not p.bias)] + [q for q in tcdiag.edge_problems(p, c) if q.length <= 1000]
+    return [p, replace(p, bias=not p.bias)] + [q for q in tcdiag.edge_problems(p, c)
+                                               if q.length <= 1000 or q.channels == 8 and q.batch == 1]
 
 
 @pytest.mark.parametrize("p,c", CASES, ids=[tcdiag.standalone(p, c)[0] for p, c in CASES])
@@ -83,3 +85,38 @@ def test_designs_cover_the_signatures():
 def test_name_round_trip():
     for c in tcdiag.KNOWN_GOOD:
         assert tcdiag.config_from_tokens(tcdiag.name_tokens(c), "x") == c
+
+
+def test_each_block_is_loaded_once_and_reused():
+    """A warp's schedule loads every block it reads once, before its first use; at stride and dilation 1 a group
+    past the first loads 16 (the window slides 16 positions), where a product a tap pair alone would load 2K."""
+    for k in (1, 4, 9, 15, 31):
+        for s, d in ((1, 1), (2, 1), (3, 2), (1, 3), (4, 8)):
+            p = blc(2, 64, 4000, k, s, 0, d, "fp16")
+            for c in [c for c in tcdiag.KNOWN_GOOD if not [r for r in tcdiag.RESTRICTIONS if not r(p, c)]]:
+                loaded: set[str] = set()
+                for g in tcdiag.schedule(p, c):
+                    new = {f"{ld.name}[{j}]" for ld in g.loads for j in range(ld.n)}
+                    assert not new & loaded
+                    loaded |= new
+                    used = {b for _, q in g.pairs for b in q} | set(g.last or ())
+                    assert used <= loaded, (p.key, c, g.u)
+                    assert len(g.pairs) == k // 2 and (g.last is not None) == (k % 2 == 1)
+                    if s == d == 1 and g.u > 0:
+                        assert len(new) == min(16, 2 * k), (p.key, c, g.u)
+
+
+def test_copies_and_write_back_meet_every_bank_group():
+    """At stride 1 a quarter-warp's 16-byte copies into shared memory, and its reads of the outputs, fall in 8
+    different 16-byte bank groups (Tiling.row_skew)."""
+    for c in tcdiag.KNOWN_GOOD:
+        p = blc(2, 64, 4000, 7, 1, 3, 1, "bf16")
+        if [r for r in tcdiag.RESTRICTIONS if not r(p, c)]:
+            continue
+        t = tcdiag.Tiling(p, c)
+        for rows in (t.x_rows, t.y_rows):
+            for quarter in range(4):
+                lanes = range(8 * quarter, 8 * quarter + 8)  # chunk l % QG of position l / QG
+                groups = {(lane % c.chunks * rows + lane // c.chunks) % 8 for lane in lanes}
+                assert len(groups) == 8, (c, rows, quarter)
+

@@ -6,18 +6,22 @@ over two taps h by the same eight channels:
     y[m][n] = b[n] + sum_h sum_n' A[m][8h + n'] * B[8h + n'][n],
     A[m][8h + n'] = x[(j0 + m) * S - P + (2i + h) * D][n'],   B[8h + n'][n] = w[n][2i + h] if n' == n, else 0,
 
-one m16n8k16 product a tap pair i (an odd K's last tap: one m16n8k8, h = 0 alone). A's rows are staged 16-byte
-chunks of x as they lie in memory (8 channels of one position), so ldmatrix reads them straight from the cp.async
-copy, and the results go back through stmatrix as chunks of 8 channels of one position: the (B, L, C) order both
-ways, where tcl (thirty-second session, removed in the thirty-third) transposed each element twice through shared
-memory and lost to the CUDA-core channel family. B is diagonal, so 7/8 of each product is zeros: at K15, 7
-products and a short one for 128 outputs, inside the tensor cores' rate at copy speed (docs/perf-notes.md).
+one m16n8k16 product a tap pair i (an odd K's last tap: one m16n8k8, h = 0 alone). A's 8x8 quarters are blocks of
+8 staged 16-byte chunks (8 channels of one position each) exactly as they lie in memory, so ldmatrix reads them
+straight from the cp.async copy, and C's rows are chunks of outputs: the (B, L, C) order both ways, where tcl
+(thirty-second session, removed in the thirty-third) transposed each element twice through shared memory and lost
+to the CUDA-core channel family. B is diagonal, so 7/8 of each product is zeros: at K15, 7 products and a short
+one for 128 outputs, inside the tensor cores' rate at copy speed. What bounds it is shared memory (a review's
+count, docs/perf-notes.md): an ldmatrix moves 128 bytes a block, and 2K blocks a group of 16 outputs would take
+1.2-1.4x a copy's time at K15. So a warp's code is unrolled over its run of groups (`schedule`): a block serves
+several taps and groups and is loaded once, 16 a group at stride and dilation 1 whatever K.
 
 Not in the registry yet (dwgen/space.py FAMILIES): unmeasured; docs/proposed/tcdiag-register.diff registers it
 for scripts/ab-tcdiag.txt. `standalone` renders its variants as the registry will.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +38,8 @@ SIZES_AT_RUN_TIME = True  # its launch takes any sizes, padding and bias (Family
 
 AXES: dict[str, tuple] = {
     "chunks": (2, 4, 8),  # 16-byte chunks of 8 channels a block: 16, 32 or 64 channels
-    "wpc": (1, 2, 4),  # warps a chunk: they split the tile's 16-output groups
+    "wpc": (1, 2, 4),  # warps a chunk: each takes a run of the tile's 16-output groups, unrolled
     "tile": (64, 128, 256, 512),  # outputs a block along the length
-    "nt": (1, 2),  # 16-output groups a warp has in flight at once
     "steps": (1, 4, 16),  # tiles a block walks along the length, the next one's inputs copied meanwhile
 }
 
@@ -44,6 +47,7 @@ VEC = 8  # 16-bit channels in a 16-byte chunk: the product's 8 columns
 GROUP = 16  # outputs along the length a product computes: its 16 rows
 MAX_TAP_PAIRS = 16  # B fragments live in registers, 2 a tap pair: K up to 32
 MAX_THREADS = 512
+MAX_WARP_GROUPS = 8  # 16-output groups a warp's straight-line code computes a tile
 SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory without opting in to more
 
 
@@ -52,7 +56,6 @@ class Config(AxisConfig):
     chunks: int = 4
     wpc: int = 2
     tile: int = 128
-    nt: int = 2
     steps: int = 4
 
     AXES = AXES
@@ -85,14 +88,20 @@ class Tiling:
         return -(-self.span // self.problem.stride)
 
     @property
+    def row_skew(self) -> int:
+        """Chunks past a multiple of 8 between channel chunks' rows, so that a quarter-warp's 16-byte accesses (8
+        chunks: 8 / QG positions by QG channel chunks, in the copies at stride 1 and in the write-back's reads)
+        meet 8 different bank groups."""
+        return 8 // self.config.chunks % 8
+
+    @property
     def x_rows(self) -> int:
-        """Chunks a channel chunk's staged inputs take: S * phase_rows, to 8m + 1, so that the chunks of one
-        position (a warp's neighbouring copies) fall in different banks."""
-        return _round_up(self.problem.stride * self.phase_rows - 1, 8) + 1
+        """Chunks a channel chunk's staged inputs take: S * phase_rows, to 8m + row_skew."""
+        return _round_up(self.problem.stride * self.phase_rows - self.row_skew, 8) + self.row_skew
 
     @property
     def y_rows(self) -> int:
-        return self.config.tile + 1  # likewise for the outputs' copy to global memory
+        return self.config.tile + self.row_skew  # likewise for the outputs' copy to global memory
 
     @property
     def tap_pairs(self) -> int:
@@ -124,8 +133,9 @@ def block_within_limit(p: Problem, c: Config) -> bool:
 
 
 def groups_split_evenly(p: Problem, c: Config) -> bool:
-    """Every warp of a chunk takes the same number of nt groups from a tile."""
-    return (c.tile // GROUP) % (c.wpc * c.nt) == 0
+    """Every warp of a chunk takes a run of the same number of groups from a tile, at most MAX_WARP_GROUPS (its
+    code is unrolled over them, so that their shared blocks stay in registers)."""
+    return (c.tile // GROUP) % c.wpc == 0 and c.tile // GROUP // c.wpc <= MAX_WARP_GROUPS
 
 
 def weights_fit_registers(p: Problem, c: Config) -> bool:
@@ -154,22 +164,122 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
 
 
 def name_tokens(c: Config) -> list[str]:
-    return [f"q{c.chunks}", f"w{c.wpc}", f"t{c.tile}", f"n{c.nt}", f"s{c.steps}"]
+    return [f"q{c.chunks}", f"w{c.wpc}", f"t{c.tile}", f"s{c.steps}"]
 
 
-TOKEN_KEYS = {"q": "chunks", "w": "wpc", "t": "tile", "n": "nt", "s": "steps"}
+TOKEN_KEYS = {"q": "chunks", "w": "wpc", "t": "tile", "s": "steps"}
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
-    expected = "q<chunks>, w<warps>, t<tile>, n<groups>, s<steps>"
+    expected = "q<chunks>, w<warps>, t<tile>, s<steps>"
     return Config(**families.fields_from_tokens(tokens, name, TOKEN_KEYS, expected))
+
+
+@dataclass(frozen=True)
+class Load:
+    """One ldmatrix of a warp's schedule: n (1, 2 or 4) blocks of stride phase `phase`, the first from staged index
+    e0 (past the warp's first output), each d further on; `name` is its registers' array in the kernel."""
+
+    name: str
+    n: int
+    phase: int
+    e0: int
+    d: int
+
+
+@dataclass(frozen=True)
+class GroupCode:
+    """What a warp's code does for its u-th group of 16 outputs: the blocks it loads first, then one m16n8k16
+    product a tap pair (A's four quarters: C expressions of loaded blocks) and, for an odd K, an m16n8k8 of the
+    last tap's two."""
+
+    u: int
+    loads: tuple[Load, ...]
+    pairs: tuple[tuple[int, tuple[str, str, str, str]], ...]
+    last: tuple[str, str] | None
+
+
+def _block(p: Problem, u: int, m0: int, tap: int) -> tuple[int, int]:
+    """(phase, staged index past the warp's first output) of the 8 chunks that hold A's rows m0 .. m0 + 7 of group
+    u at a tap: outputs 16u + m0 + r read position (16u + m0 + r) S + tap D, staged at its phase's index."""
+    q = tap * p.dilation
+    return q % p.stride, GROUP * u + m0 + q // p.stride
+
+
+def _pack(blocks: list[tuple[int, int]], first: int) -> list[Load]:
+    """ldmatrix loads for blocks (phase, e): per phase, from the lowest e on, 4 (else 2, else 1) blocks an equal
+    step apart, the smallest step that fits; names ld<first>, ld<first + 1>, ..."""
+    loads: list[Load] = []
+    for phase in sorted({ph for ph, _ in blocks}):
+        left = sorted({e for ph, e in blocks if ph == phase})
+        while left:
+            e0 = left[0]
+            for n in (4, 2, 1):
+                d = next((d for d in range(1, 17) if all(e0 + k * d in left for k in range(n))), None)
+                if d is not None or n == 1:
+                    d = d or 1
+                    loads.append(Load(f"ld{first + len(loads)}", n, phase, e0, d))
+                    for k in range(n):
+                        left.remove(e0 + k * d)
+                    break
+    return loads
+
+
+@functools.cache
+def schedule(p: Problem, c: Config) -> tuple[GroupCode, ...]:
+    """A warp's straight-line code for its run of groups: each block of 8 chunks is loaded once, by the first group
+    that reads it, and kept in registers for the later ones (at stride and dilation 1 a group's bottom quarters at
+    tap T are its top ones at T + 8, and group u + 1's top ones at T are group u's bottom ones at T + 8: 16 blocks
+    a group instead of 2K)."""
+    k = p.kernel_size
+    where: dict[tuple[int, int], str] = {}
+    groups: list[GroupCode] = []
+    count = 0
+    for u in range(c.tile // GROUP // c.wpc):
+        taps = [(i, (_block(p, u, 0, 2 * i), _block(p, u, 8, 2 * i), _block(p, u, 0, 2 * i + 1),
+                     _block(p, u, 8, 2 * i + 1))) for i in range(k // 2)]
+        last = (_block(p, u, 0, k - 1), _block(p, u, 8, k - 1)) if k % 2 else None
+        needed = [b for _, q in taps for b in q] + list(last or ())
+        loads = _pack([b for b in dict.fromkeys(needed) if b not in where], count)
+        count += len(loads)
+        for ld in loads:
+            for j in range(ld.n):
+                where[(ld.phase, ld.e0 + j * ld.d)] = f"{ld.name}[{j}]"
+        groups.append(GroupCode(u, tuple(loads), tuple((i, tuple(where[b] for b in q)) for i, q in taps),
+                                tuple(where[b] for b in last) if last else None))
+    return tuple(groups)
+
+
+def blocks_loaded(p: Problem, c: Config) -> int:
+    """Blocks (8 chunks, 128 bytes of shared memory) a warp's schedule reads a tile."""
+    return sum(ld.n for g in schedule(p, c) for ld in g.loads)
+
+
+def _ref(name: str) -> int:
+    """A block's C expression ld<id>[<slot>] as the int id * 4 + slot (render contexts hold ints, not text)."""
+    load, slot = name[2:-1].split("[")
+    return int(load) * 4 + int(slot)
+
+
+def schedule_context(p: Problem, c: Config) -> dict:
+    """The schedule as the template reads it, flat int records: loads (group, id, n, phase, e0, d), pairs (group,
+    tap pair, A's four blocks as id * 4 + slot), last taps (group, two blocks); the distinct steps d."""
+    groups = schedule(p, c)
+    return {
+        "warp_groups": len(groups),
+        "sched_loads": [v for g in groups for ld in g.loads
+                        for v in (g.u, int(ld.name[2:]), ld.n, ld.phase, ld.e0, ld.d)],
+        "sched_pairs": [v for g in groups for i, q in g.pairs for v in (g.u, i, *map(_ref, q))],
+        "sched_last": [v for g in groups if g.last for v in (g.u, *map(_ref, g.last))],
+        "strides": sorted({ld.d for g in groups for ld in g.loads}),
+    }
 
 
 def render_context(p: Problem, c: Config) -> dict:
     t = Tiling(p, c)
     return {
-        "threads": c.threads, "chunks": c.chunks, "wpc": c.wpc, "tile": c.tile, "nt": c.nt, "steps": c.steps,
-        "vec": VEC,
+        "threads": c.threads, "chunks": c.chunks, "wpc": c.wpc, "tile": c.tile, "steps": c.steps, "vec": VEC,
+        **schedule_context(p, c),
         "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation,
         "phase_rows": t.phase_rows, "x_rows": t.x_rows, "y_rows": t.y_rows, "mma_type": MMA_TYPES[p.dtype],
     }
@@ -177,12 +287,14 @@ def render_context(p: Problem, c: Config) -> dict:
 
 def edge_sizes(p: Problem, c: Config) -> list[tuple[int, int, int, int, bool]]:
     """Lengths shorter than K or than a tile, channels that are one chunk or not a whole block, B = 1, paddings
-    from none to past the halo."""
+    from none to past the halo, and a row of two walks."""
     tile, ct, k, d = c.tile, c.chunks * VEC, p.kernel_size, p.dilation
     sizes = [(1, 8, 1), (1, 8, k), (2, 8, 7), (1, 24, 33), (2, ct + 8, tile + 1), (1, 2 * ct - 8, 3 * tile - 1),
              (3, 40, 1000), (p.batch if p.batch <= 4 else 1, p.channels, min(p.length, 2 * tile + 3))]
     others = [(2, 16, tile + 5, 0, not p.bias), (1, 8, 3 * tile + 1, (k - 1) * d, p.bias),
               (1, 24, 999, (k - 1) // 2 * d, not p.bias), (2, 8, 777, 5 * tile // 4 + 3, p.bias)]
+    if c.steps > 1:  # a second item along the row: its walk starts past position 0
+        sizes.append((1, 8, c.steps * tile * p.stride + tile // 2 + 3))
     return [(b, ch, n, p.padding, p.bias) for b, ch, n in sizes] + others
 
 
@@ -194,28 +306,30 @@ def channel_multiple(p: Problem, c: Config) -> int:
     return VEC
 
 
-# First guesses (unmeasured): 4 to 8 warps, 64-256 outputs a tile, walks of 4 and 16 tiles and none.
+# First guesses (unmeasured): 4 to 8 warps, 2 to 8 groups a warp, 64-256 outputs a tile, walks of 4 and 16 tiles
+# and none.
 KNOWN_GOOD: tuple[Config, ...] = (
-    Config(chunks=4, wpc=2, tile=128, nt=2, steps=4),
-    Config(chunks=8, wpc=1, tile=128, nt=2, steps=4),
-    Config(chunks=4, wpc=2, tile=256, nt=2, steps=4),
-    Config(chunks=4, wpc=2, tile=128, nt=2, steps=16),
-    Config(chunks=2, wpc=4, tile=256, nt=2, steps=1),
-    Config(chunks=8, wpc=2, tile=64, nt=1, steps=1),
-    Config(chunks=4, wpc=4, tile=128, nt=1, steps=4),
-    Config(chunks=4, wpc=2, tile=64, nt=2, steps=4),  # strides 3 and 4: a 64-output tile reads 190-250 positions
-    Config(chunks=2, wpc=2, tile=64, nt=1, steps=4),
+    Config(chunks=4, wpc=2, tile=128, steps=4),
+    Config(chunks=8, wpc=1, tile=128, steps=1),
+    Config(chunks=4, wpc=2, tile=256, steps=1),
+    Config(chunks=4, wpc=2, tile=128, steps=16),
+    Config(chunks=2, wpc=4, tile=256, steps=1),
+    Config(chunks=8, wpc=2, tile=64, steps=1),
+    Config(chunks=4, wpc=4, tile=128, steps=4),
+    Config(chunks=4, wpc=2, tile=64, steps=4),  # strides 3 and 4: a 64-output tile reads 190-250 positions
+    Config(chunks=2, wpc=2, tile=64, steps=4),
 )
 
 
 def generic_config(p: Problem) -> Config:
-    return Config(chunks=4, wpc=2, tile=128, nt=2, steps=4)
+    """The first of KNOWN_GOOD that fits p (the last, the smallest, where none does)."""
+    return next((c for c in KNOWN_GOOD if all(r(p, c) for r in RESTRICTIONS)), KNOWN_GOOD[-1])
 
 
 def applies(p: Problem) -> bool:
-    """The problems any config can serve: what RESTRICTIONS ask of the problem alone."""
+    """The problems some config can serve."""
     return (p.dtype in MMA_TYPES and p.layout == "blc" and p.channels % VEC == 0
-            and -(-p.kernel_size // 2) <= MAX_TAP_PAIRS)
+            and families.some_design_fits(p, Config, RESTRICTIONS))
 
 
 def standalone(p: Problem, c: Config) -> tuple[str, str, str]:
