@@ -168,10 +168,28 @@ inline void fiber_main() {
     _longjmp(scheduler_jump, 1);
 }
 
+inline unsigned long long launches = 0;  // launches so far: with the block's index, which block of which launch runs
+
+// This launch's and block's number, unique over the program: emulated state kept per block resets when it changes.
+inline unsigned long long block_serial() { return launches << 32 | (blockIdx.x + gridDim.x * blockIdx.y); }
+
+// The generation of the block barrier a fiber waits at (-1: none): greedy scheduling skips such a fiber.
+inline long long block_wait_gen[1024];
+inline bool blocked_at_block_barrier(const int t) {
+    return block_wait_gen[t] >= 0 && block_wait_gen[t] == block_barrier.generation;
+}
+
+// EMU_GREEDY_WARPS set: each warp, the last first, runs until every lane of it waits at __syncthreads or has
+// returned, before the next warp runs at all; warps are then as far apart as the block's barriers allow, so a
+// missing barrier between one warp's reads of shared memory and another's writes (cp.async's NaN included) shows
+// in the output. Unset: round robin, every warp one warp barrier on a pass.
+inline const bool greedy_warps = std::getenv("EMU_GREEDY_WARPS") != nullptr;
+
 // Runs every block of the grid in order (x first, as the GPU dispatches them), each as `block` fibers
 // switched at their barriers.
 template <class F, class... A>
 void launch(F kernel, const dim3_ grid, const int block, int, void*, A... args) {
+    ++launches;
     gridDim = grid;
     blockDim = {static_cast<unsigned>(block), 1, 1};
     block_barrier = Barrier{block};
@@ -191,22 +209,39 @@ void launch(F kernel, const dim3_ grid, const int block, int, void*, A... args) 
             fibers[t].uc_link = nullptr;
             makecontext(&fibers[t], fiber_main, 0);
         }
-        // Round robin until every fiber has returned: a fiber runs until it waits at a barrier or ends.
-        for (int left = block; left > 0;) {
-            for (int t = 0; t < block; ++t) {
-                if (state[t] == 2) continue;
-                current = t;
-                if (!_setjmp(scheduler_jump)) {
-                    if (state[t] == 0) {
-                        state[t] = 1;
-                        setcontext(&fibers[t]);
-                    }
-                    _longjmp(fiber_jump[t].at, 1);
+        for (int t = 0; t < block; ++t) block_wait_gen[t] = -1;
+        int left = block;
+        // One slice of fiber t: it runs until it waits at a barrier or ends.
+        auto slice = [&](const int t) {
+            current = t;
+            if (!_setjmp(scheduler_jump)) {
+                if (state[t] == 0) {
+                    state[t] = 1;
+                    setcontext(&fibers[t]);
                 }
-                if (fiber_finished) {
-                    fiber_finished = false;
-                    state[t] = 2;
-                    --left;
+                _longjmp(fiber_jump[t].at, 1);
+            }
+            if (fiber_finished) {
+                fiber_finished = false;
+                state[t] = 2;
+                --left;
+            }
+        };
+        while (left > 0) {
+            if (!greedy_warps) {  // round robin until every fiber has returned
+                for (int t = 0; t < block; ++t) {
+                    if (state[t] != 2) slice(t);
+                }
+                continue;
+            }
+            for (int w = (block - 1) / 32; w >= 0; --w) {
+                for (bool ran = true; ran;) {
+                    ran = false;
+                    for (int t = 32 * w; t < block && t < 32 * w + 32; ++t) {
+                        if (state[t] == 2 || blocked_at_block_barrier(t)) continue;
+                        slice(t);
+                        ran = true;
+                    }
                 }
             }
         }
@@ -221,7 +256,11 @@ void launch(F kernel, const unsigned grid, const int block, int shared, void* st
 
 inline dim3_ dim3(const unsigned x, const unsigned y = 1, const unsigned z = 1) { return {x, y, z}; }
 
-inline void __syncthreads() { emu::block_barrier.wait(); }
+inline void __syncthreads() {
+    emu::block_wait_gen[threadIdx.x] = emu::block_barrier.generation;
+    emu::block_barrier.wait();
+    emu::block_wait_gen[threadIdx.x] = -1;
+}
 
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barriers[threadIdx.x / 32].wait(); }
 

@@ -18,6 +18,9 @@ from dwgen.space import Variant, generic_problem
 
 HERE = Path(__file__).resolve().parent
 
+# The emulator's two ways of scheduling a block's warps (tests/cuda_on_cpu.h): as env overrides for a test binary.
+SCHEDULES = ({}, {"EMU_GREEDY_WARPS": "1"})
+
 # Ahead of a test's main(): CAT(dwgen_launch_, NAME) names the launch function, slurp reads an input,
 # sizes the problem's numbers from the command line.
 PRELUDE = r"""
@@ -56,7 +59,7 @@ int main(int argc, char** argv) {
 
 # The PTX primitives of templates/_warp_mma.cu.j2, lane by lane for the CPU emulator: ldmatrix and mma.sync
 # gather the warp's operands through a shared table at a warp barrier, as the fragment layouts say (PTX ISA);
-# cp.async copies at once.
+# cp.async lands at its thread's wait (below).
 WARP_MMA_ON_CPU = r"""
 static const void* emu_rows[1024];
 static unsigned emu_frag[1024][6];
@@ -114,10 +117,11 @@ struct EmuCopy {
 };
 static std::vector<EmuCopy> emu_pending[1024];  // a thread's copies issued and not yet landed
 static std::vector<size_t> emu_group_ends[1024];  // the pending count at each of its commits
-static unsigned emu_pending_block[1024];
+static unsigned long long emu_pending_block[1024];
 
 inline void emu_same_block() {
-    const unsigned t = threadIdx.x, block = blockIdx.x + gridDim.x * blockIdx.y;
+    const unsigned t = threadIdx.x;
+    const unsigned long long block = emu::block_serial();
     if (emu_pending_block[t] != block) {
         emu_pending[t].clear();
         emu_group_ends[t].clear();
@@ -161,7 +165,7 @@ template <int PENDING> inline void cp_async_wait() {  // every committed group l
 WARP_LDST_ON_CPU = r"""
 static void* emu_ldst_rows[1024];
 static std::unordered_set<const void*> emu_copied;  // 16-byte rows the current block's copies wrote
-static unsigned emu_copied_block = ~0u;
+static unsigned long long emu_copied_block = ~0ull;
 
 template <int N>
 inline void emu_ldsm(unsigned (&r)[N], const void* row) {
@@ -170,7 +174,7 @@ inline void emu_ldsm(unsigned (&r)[N], const void* row) {
     emu::warp_barriers[t / 32].wait();
     for (unsigned j = 0; j < N; ++j) {  // matrix j's rows come from lanes 8j .. 8j + 7
         const void* src = emu_ldst_rows[w + 8 * j + l / 4];
-        if (emu_copied_block != blockIdx.x || !emu_copied.count(src)) {
+        if (emu_copied_block != emu::block_serial() || !emu_copied.count(src)) {
             std::fprintf(stderr, "block %u: ldmatrix row not staged by its copies\n", blockIdx.x);
             std::exit(4);
         }
@@ -203,9 +207,9 @@ inline void mma1688(float (&d)[4], const unsigned a0, const unsigned a1, const u
 }
 
 inline void cp_async16_or_zero(void* dst, const void* src, const bool valid) {
-    if (emu_copied_block != blockIdx.x) {
+    if (emu_copied_block != emu::block_serial()) {
         emu_copied.clear();
-        emu_copied_block = blockIdx.x;
+        emu_copied_block = emu::block_serial();
     }
     emu_copied.insert(dst);
     emu_copy_issue(dst, src, valid);
