@@ -12,7 +12,7 @@ from dwgen import render
 from dwgen.families import tcdiag
 from dwgen.families.tcdiag import Config
 from dwgen.problem import Problem
-from tests.cuda_on_cpu import PRELUDE, WARP_LDST_ON_CPU, WARP_MMA_ON_CPU, _compile, _emulated
+from tests.cuda_on_cpu import PRELUDE, SCHEDULES, WARP_LDST_ON_CPU, WARP_MMA_ON_CPU, _compile, _emulated
 from tests.test_cl_fwd_on_cpu import MAIN, run_on_cpu
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -61,9 +61,13 @@ def _checks(p: Problem, c: Config) -> list[Problem]:
 @pytest.mark.parametrize("p,c", CASES, ids=[tcdiag.standalone(p, c)[0] for p, c in CASES])
 def test_matches_float64_on_cpu(tmp_path, monkeypatch, p, c):
     exe = _binary(p, c, tmp_path, monkeypatch)
-    for q in _checks(p, c):
-        _, outcome = run_on_cpu(exe, q, seed=q.length % 7, tmp=tmp_path)
-        assert outcome.ok, f"{exe.name} on {q.key}: {outcome.message}"
+    for schedule in SCHEDULES:  # warps in step, then each warp as far ahead as the barriers let it
+        monkeypatch.delenv("EMU_GREEDY_WARPS", raising=False)
+        for name, value in schedule.items():
+            monkeypatch.setenv(name, value)
+        for q in _checks(p, c):
+            _, outcome = run_on_cpu(exe, q, seed=q.length % 7, tmp=tmp_path)
+            assert outcome.ok, f"{exe.name} on {q.key} ({schedule}): {outcome.message}"
 
 
 def test_designs_cover_the_signatures():
@@ -107,16 +111,17 @@ def test_each_block_is_loaded_once_and_reused():
 
 
 def test_copies_and_write_back_meet_every_bank_group():
-    """At stride 1 a quarter-warp's 16-byte copies into shared memory, and its reads of the outputs, fall in 8
-    different 16-byte bank groups (Tiling.row_skew)."""
-    for c in tcdiag.KNOWN_GOOD:
-        p = blc(2, 64, 4000, 7, 1, 3, 1, "bf16")
-        if [r for r in tcdiag.RESTRICTIONS if not r(p, c)]:
-            continue
-        t = tcdiag.Tiling(p, c)
-        for rows in (t.x_rows, t.y_rows):
-            for quarter in range(4):
-                lanes = range(8 * quarter, 8 * quarter + 8)  # chunk l % QG of position l / QG
-                groups = {(lane % c.chunks * rows + lane // c.chunks) % 8 for lane in lanes}
-                assert len(groups) == 8, (c, rows, quarter)
-
+    """A quarter-warp's 16-byte copies into shared memory (at strides 1 to 4: the phases' pitch is chosen for it),
+    and its reads of the outputs, fall in 8 different 16-byte bank groups (Tiling.row_skew, phase_pitch)."""
+    for s in (1, 2, 3, 4):
+        for k, d in ((3, 1), (7, 2), (15, 1)):
+            p = blc(2, 64, 4000, k, s, 0, d, "bf16")
+            for c in tcdiag.KNOWN_GOOD:
+                if [r for r in tcdiag.RESTRICTIONS if not r(p, c)]:
+                    continue
+                t = tcdiag.Tiling(p, c)
+                assert t.copy_conflicts(t.phase_pitch) == 1.0, (p.key, c)
+                assert t.x_rows % 8 == t.y_rows % 8 == t.row_skew and t.x_rows >= s * t.phase_pitch
+                for quarter in range(4):  # the write-back: chunk l % QG of output l / QG
+                    lanes = range(8 * quarter, 8 * quarter + 8)
+                    assert len({(lane % c.chunks * t.y_rows + lane // c.chunks) % 8 for lane in lanes}) == 8

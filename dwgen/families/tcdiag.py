@@ -83,9 +83,27 @@ class Tiling:
     @property
     def phase_rows(self) -> int:
         """Staged positions of one stride phase: a tile's inputs are kept phase by phase (position r at
-        (r % S) * phase_rows + r / S), so that the 8 rows of an ldmatrix, S positions apart, are 8 adjacent
+        (r % S) * phase_pitch + r / S), so that the 8 rows of an ldmatrix, S positions apart, are 8 adjacent
         chunks whatever S: 128 contiguous bytes, every bank once."""
         return -(-self.span // self.problem.stride)
+
+    @property
+    def phase_pitch(self) -> int:
+        """Chunks from one stride phase's staged rows to the next's: phase_rows, or up to 7 more where that spreads
+        a quarter-warp's copies (8 / QG consecutive positions, so S > 1 phases) over more bank groups."""
+        if self.problem.stride == 1:
+            return self.phase_rows
+        return min(range(self.phase_rows, self.phase_rows + 8), key=lambda pitch: (self.copy_conflicts(pitch), pitch))
+
+    def copy_conflicts(self, pitch: int) -> float:
+        """The mean over a quarter-warp's copies (8 lanes: chunk l % QG of position l / QG from a multiple of
+        8 / QG) of the most that meet one 16-byte bank group, with phases `pitch` chunks apart (1: none)."""
+        s, qg, skew = self.problem.stride, self.config.chunks, self.row_skew
+        worst = []
+        for r0 in range(0, 8 * s, 8 // qg):  # the pattern repeats every 8 S positions
+            groups = [(q * skew + (r % s) * pitch + r // s) % 8 for r in range(r0, r0 + 8 // qg) for q in range(qg)]
+            worst.append(max(groups.count(b) for b in set(groups)))
+        return sum(worst) / len(worst)
 
     @property
     def row_skew(self) -> int:
@@ -96,8 +114,8 @@ class Tiling:
 
     @property
     def x_rows(self) -> int:
-        """Chunks a channel chunk's staged inputs take: S * phase_rows, to 8m + row_skew."""
-        return _round_up(self.problem.stride * self.phase_rows - self.row_skew, 8) + self.row_skew
+        """Chunks a channel chunk's staged inputs take: S * phase_pitch, to 8m + row_skew."""
+        return _round_up(self.problem.stride * self.phase_pitch - self.row_skew, 8) + self.row_skew
 
     @property
     def y_rows(self) -> int:
@@ -177,14 +195,14 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
 
 @dataclass(frozen=True)
 class Load:
-    """One ldmatrix of a warp's schedule: n (1, 2 or 4) blocks of stride phase `phase`, the first from staged index
-    e0 (past the warp's first output), each d further on; `name` is its registers' array in the kernel."""
+    """One ldmatrix of a warp's schedule: n (1, 2 or 4) blocks, matrix j's rows from staged row row0 + shape[j] on
+    (rows past the warp's first output, stride phases folded in: phase * phase_pitch + index); `name` is its
+    registers' array in the kernel."""
 
     name: str
     n: int
-    phase: int
-    e0: int
-    d: int
+    row0: int
+    shape: tuple[int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -199,29 +217,34 @@ class GroupCode:
     last: tuple[str, str] | None
 
 
-def _block(p: Problem, u: int, m0: int, tap: int) -> tuple[int, int]:
-    """(phase, staged index past the warp's first output) of the 8 chunks that hold A's rows m0 .. m0 + 7 of group
-    u at a tap: outputs 16u + m0 + r read position (16u + m0 + r) S + tap D, staged at its phase's index."""
+def _block(p: Problem, c: Config, u: int, m0: int, tap: int) -> int:
+    """The staged row (past the warp's first output) of the first of the 8 chunks that hold A's rows m0 .. m0 + 7
+    of group u at a tap: outputs 16u + m0 + r read position (16u + m0 + r) S + tap D, staged at its phase's row."""
     q = tap * p.dilation
-    return q % p.stride, GROUP * u + m0 + q // p.stride
+    return q % p.stride * Tiling(p, c).phase_pitch + GROUP * u + m0 + q // p.stride
 
 
-def _pack(blocks: list[tuple[int, int]], first: int) -> list[Load]:
-    """ldmatrix loads for blocks (phase, e): per phase, from the lowest e on, 4 (else 2, else 1) blocks an equal
-    step apart, the smallest step that fits; names ld<first>, ld<first + 1>, ..."""
+def _pack(rows: list[int], quads: list[tuple[int, ...]], first: int) -> list[Load]:
+    """ldmatrix loads for blocks (their first rows): first whole A quads of this group and later ones whose four
+    blocks are all among them (loaded in the quad's order, so that the product takes the registers as they are:
+    an mma's A operand is 4 consecutive registers), then the rest 4 (else 2, else 1) an equal step apart, the
+    smallest step that fits; names ld<first>, ld<first + 1>, ..."""
     loads: list[Load] = []
-    for phase in sorted({ph for ph, _ in blocks}):
-        left = sorted({e for ph, e in blocks if ph == phase})
-        while left:
-            e0 = left[0]
-            for n in (4, 2, 1):
-                d = next((d for d in range(1, 17) if all(e0 + k * d in left for k in range(n))), None)
-                if d is not None or n == 1:
-                    d = d or 1
-                    loads.append(Load(f"ld{first + len(loads)}", n, phase, e0, d))
-                    for k in range(n):
-                        left.remove(e0 + k * d)
-                    break
+    left = list(dict.fromkeys(rows))
+    for q in quads:
+        if len(set(q)) == 4 and set(q) <= set(left):
+            loads.append(Load(f"ld{first + len(loads)}", 4, q[0], tuple(b - q[0] for b in q)))
+            left = [b for b in left if b not in q]
+    left.sort()
+    while left:
+        r0 = left[0]
+        for n in (4, 2, 1):
+            d = next((d for d in range(1, 17) if all(r0 + k * d in left for k in range(n))), None)
+            if d is not None or n == 1:
+                d = d or 1
+                loads.append(Load(f"ld{first + len(loads)}", n, r0, (0, d, 2 * d, 3 * d)))
+                left = [b for b in left if b not in {r0 + k * d for k in range(n)}]
+                break
     return loads
 
 
@@ -230,29 +253,38 @@ def schedule(p: Problem, c: Config) -> tuple[GroupCode, ...]:
     """A warp's straight-line code for its run of groups: each block of 8 chunks is loaded once, by the first group
     that reads it, and kept in registers for the later ones (at stride and dilation 1 a group's bottom quarters at
     tap T are its top ones at T + 8, and group u + 1's top ones at T are group u's bottom ones at T + 8: 16 blocks
-    a group instead of 2K)."""
+    a group instead of 2K). Loads are shaped as A quads where they can be, so that fewer registers are moved into
+    the products' operands."""
     k = p.kernel_size
-    where: dict[tuple[int, int], str] = {}
+    gw = c.tile // GROUP // c.wpc
+    quads = [[tuple(_block(p, c, u, m0, 2 * i + h) for h in (0, 1) for m0 in (0, 8)) for i in range(k // 2)]
+             for u in range(gw)]
+    lasts = [(_block(p, c, u, 0, k - 1), _block(p, c, u, 8, k - 1)) if k % 2 else None for u in range(gw)]
+    where: dict[int, str] = {}
     groups: list[GroupCode] = []
     count = 0
-    for u in range(c.tile // GROUP // c.wpc):
-        taps = [(i, (_block(p, u, 0, 2 * i), _block(p, u, 8, 2 * i), _block(p, u, 0, 2 * i + 1),
-                     _block(p, u, 8, 2 * i + 1))) for i in range(k // 2)]
-        last = (_block(p, u, 0, k - 1), _block(p, u, 8, k - 1)) if k % 2 else None
-        needed = [b for _, q in taps for b in q] + list(last or ())
-        loads = _pack([b for b in dict.fromkeys(needed) if b not in where], count)
+    for u in range(gw):
+        needed = [b for q in quads[u] for b in q] + list(lasts[u] or ())
+        loads = _pack([b for b in needed if b not in where], [q for v in range(u, gw) for q in quads[v]], count)
         count += len(loads)
         for ld in loads:
             for j in range(ld.n):
-                where[(ld.phase, ld.e0 + j * ld.d)] = f"{ld.name}[{j}]"
-        groups.append(GroupCode(u, tuple(loads), tuple((i, tuple(where[b] for b in q)) for i, q in taps),
-                                tuple(where[b] for b in last) if last else None))
+                where[ld.row0 + ld.shape[j]] = f"{ld.name}[{j}]"
+        groups.append(GroupCode(u, tuple(loads), tuple((i, tuple(where[b] for b in q)) for i, q in enumerate(quads[u])),
+                                tuple(where[b] for b in lasts[u]) if lasts[u] else None))
     return tuple(groups)
 
 
 def blocks_loaded(p: Problem, c: Config) -> int:
     """Blocks (8 chunks, 128 bytes of shared memory) a warp's schedule reads a tile."""
     return sum(ld.n for g in schedule(p, c) for ld in g.loads)
+
+
+def operand_moves(p: Problem, c: Config) -> int:
+    """Products of a warp's schedule a tile whose A operand is not one load's 4 registers in order (each costs up
+    to 4 register moves)."""
+    return sum(1 for g in schedule(p, c) for _, q in g.pairs
+               if len({b.split("[")[0] for b in q}) > 1 or q != tuple(f"{q[0].split('[')[0]}[{j}]" for j in range(4)))
 
 
 def _ref(name: str) -> int:
@@ -262,16 +294,18 @@ def _ref(name: str) -> int:
 
 
 def schedule_context(p: Problem, c: Config) -> dict:
-    """The schedule as the template reads it, flat int records: loads (group, id, n, phase, e0, d), pairs (group,
-    tap pair, A's four blocks as id * 4 + slot), last taps (group, two blocks); the distinct steps d."""
+    """The schedule as the template reads it, flat int records: load shapes (4 row offsets each), loads (group, id,
+    n, first row, shape), pairs (group, tap pair, A's four blocks as id * 4 + slot), last taps (group, two
+    blocks)."""
     groups = schedule(p, c)
+    shapes = list(dict.fromkeys(ld.shape for g in groups for ld in g.loads))
     return {
         "warp_groups": len(groups),
+        "load_shapes": [v for sh in shapes for v in sh],
         "sched_loads": [v for g in groups for ld in g.loads
-                        for v in (g.u, int(ld.name[2:]), ld.n, ld.phase, ld.e0, ld.d)],
+                        for v in (g.u, int(ld.name[2:]), ld.n, ld.row0, shapes.index(ld.shape))],
         "sched_pairs": [v for g in groups for i, q in g.pairs for v in (g.u, i, *map(_ref, q))],
         "sched_last": [v for g in groups if g.last for v in (g.u, *map(_ref, g.last))],
-        "strides": sorted({ld.d for g in groups for ld in g.loads}),
     }
 
 
@@ -281,7 +315,8 @@ def render_context(p: Problem, c: Config) -> dict:
         "threads": c.threads, "chunks": c.chunks, "wpc": c.wpc, "tile": c.tile, "steps": c.steps, "vec": VEC,
         **schedule_context(p, c),
         "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation,
-        "phase_rows": t.phase_rows, "x_rows": t.x_rows, "y_rows": t.y_rows, "mma_type": MMA_TYPES[p.dtype],
+        "phase_rows": t.phase_rows, "phase_pitch": t.phase_pitch, "x_rows": t.x_rows, "y_rows": t.y_rows,
+        "mma_type": MMA_TYPES[p.dtype],
     }
 
 
