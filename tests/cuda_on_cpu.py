@@ -21,6 +21,26 @@ HERE = Path(__file__).resolve().parent
 # The emulator's two ways of scheduling a block's warps (tests/cuda_on_cpu.h): as env overrides for a test binary.
 SCHEDULES = ({}, {"EMU_GREEDY_WARPS": "1"})
 
+
+def run_both_schedules(cmd: list, out: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """A test binary run under both warp schedules: round robin, then each warp as far ahead as the barriers let it.
+    A kernel's outputs depend on no interleaving (no float atomics, every race a bug), so the two runs must exit
+    alike and write the same bytes to `out`; returns the first run, its output left in `out`."""
+    import os
+
+    runs = []
+    for schedule in SCHEDULES:
+        proc = subprocess.run([str(a) for a in cmd], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **schedule})
+        runs.append((proc, out.read_bytes() if proc.returncode == 0 and out.exists() else b""))
+    (first, bytes0), (second, bytes1) = runs
+    assert first.returncode == second.returncode, (
+        f"exit {first.returncode} round robin, {second.returncode} greedy warps: {second.stderr[-2000:]}")
+    assert bytes0 == bytes1, "the greedy warp schedule wrote other outputs than round robin: a race between warps"
+    if first.returncode == 0:
+        out.write_bytes(bytes0)
+    return first
+
 # Ahead of a test's main(): CAT(dwgen_launch_, NAME) names the launch function, slurp reads an input,
 # sizes the problem's numbers from the command line.
 PRELUDE = r"""

@@ -10,7 +10,7 @@ import pytest
 
 from dwgen import render
 from dwgen.dtypes import torch_dtype
-from tests.cuda_on_cpu import build_generic, build_walking, raw, strided_raw
+from tests.cuda_on_cpu import build_generic, build_walking, raw, run_both_schedules, strided_raw
 
 MAIN = r"""
 #include <cstdio>
@@ -66,7 +66,7 @@ def run(binaries, dtype, x, w, b, k, stride, left, right, dilation, act=0, layou
     (tmp / "in").write_bytes(strided_raw(x)[0] + raw(w) + raw(b if b is not None else torch.zeros(ch, dtype=x.dtype)))
     ys = (ch * lout, lout, 1) if layout_out == "bcl" else (ch * lout, 1, ch)
     args = [bsz, ch, length, lout, k, stride, left, dilation, act, int(b is not None), *x.stride(), *ys]
-    proc = subprocess.run([str(exes[dtype]), str(tmp / "in"), str(tmp / "out"), *map(str, args)], capture_output=True)
+    proc = run_both_schedules([exes[dtype], tmp / "in", tmp / "out", *args], tmp / "out")
     assert proc.returncode == 0, proc.stderr[-2000:]
     flat = torch.frombuffer(bytearray((tmp / "out").read_bytes()), dtype=torch.uint8).view(x.dtype)
     return flat.view(bsz, ch, lout) if layout_out == "bcl" else flat.view(bsz, lout, ch).transpose(1, 2)

@@ -7,7 +7,6 @@ speed, and the CPU build takes the portable SiLU spelling."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from dwgen.check import compare, make_inputs, reference
 from dwgen.families.bcl import Config
 from dwgen.problem import Problem
 from dwgen.space import Variant, violations
-from tests.cuda_on_cpu import build_all, forward_checks, raw, shipped_generic
+from tests.cuda_on_cpu import build_all, forward_checks, raw, run_both_schedules, shipped_generic
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -56,7 +55,7 @@ def run_on_cpu(exe: Path, p: Problem, seed: int, tmp: Path, xoff: int = 0):
     inp.write_bytes(raw(x) + raw(w) + (raw(b) if b is not None else b""))
     args = [exe, inp, out, p.batch, p.channels, p.length, p.out_length, p.padding, int(p.activation == "silu"),
             int(b is not None), p.kernel_size, xoff]
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    proc = run_both_schedules(args, out)
     assert proc.returncode == 0, f"{p.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
     y = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8).view(x.dtype).view(
         p.batch, p.channels, p.out_length)

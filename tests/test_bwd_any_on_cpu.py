@@ -4,13 +4,11 @@ crossing rows), the unstaged ones they fall back to (a stride, a span past share
 block), SiLU's gated gradient, and strided (B, L, C) views."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from dwgen import render
 from dwgen.dtypes import torch_dtype
-from tests.cuda_on_cpu import build_generic, build_walking, raw, strided_raw
+from tests.cuda_on_cpu import build_generic, build_walking, raw, run_both_schedules, strided_raw
 
 MAIN = r"""
 #include <cstdio>
@@ -73,7 +71,7 @@ def run(binaries, dtype, x, gy, w, b, k, stride, left, dilation, act):
     (tmp / "in").write_bytes(xb + gb_ + raw(w) + raw(b if b is not None else torch.zeros(ch, dtype=x.dtype)))
     args = [bsz, ch, length, lout, k, stride, left, dilation, act, int(b is not None), *x.stride(), *gy.stride(),
             ch * length, length, 1, xn, gyn]
-    proc = subprocess.run([str(exes[dtype]), str(tmp / "in"), str(tmp / "out"), *map(str, args)], capture_output=True)
+    proc = run_both_schedules([exes[dtype], tmp / "in", tmp / "out", *args], tmp / "out")
     assert proc.returncode == 0, proc.stderr[-2000:]
     flat = torch.frombuffer(bytearray((tmp / "out").read_bytes()), dtype=torch.uint8).view(x.dtype)
     n = bsz * ch * length

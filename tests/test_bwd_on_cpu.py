@@ -16,7 +16,7 @@ from dwgen.families import bwdlane, bwdwalk
 from dwgen.families.bwd import Config
 from dwgen.problem import ACTIVATIONS, Problem
 from dwgen.space import Variant, violations
-from tests.cuda_on_cpu import MAIN_OPEN, build, raw, shipped_generic
+from tests.cuda_on_cpu import MAIN_OPEN, build, raw, run_both_schedules, shipped_generic
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -90,7 +90,7 @@ def run_on_cpu(exe: Path, p: Problem, act: int, seed: int, tmp: Path):
     inp.write_bytes(blob)
     args = [exe, inp, out, p.batch, p.channels, p.length, p.out_length, p.padding, act, int(b is not None),
             p.kernel_size]
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    proc = run_both_schedules(args, out)
     assert proc.returncode == 0, f"{p.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
     data = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8)
     dt = x.dtype

@@ -3,7 +3,6 @@ its render (the tensor-core forward inside it, launched for grad_x), and its wei
 CPU (tests/cuda_on_cpu.h) against float64. grad_x runs on tensor cores, so only the GPU tests check it."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ from dwgen.check import compare, grad_output, make_inputs
 from dwgen.families import bwdtc, tc
 from dwgen.problem import Problem
 from dwgen.space import Variant, enumerate_space, families_of, variant_from_name, violations
-from tests.cuda_on_cpu import HERE, MAIN_OPEN, PRELUDE, SCHEDULES, WARP_MMA_ON_CPU, raw
+from tests.cuda_on_cpu import HERE, MAIN_OPEN, PRELUDE, WARP_MMA_ON_CPU, raw, run_both_schedules
 from tests.test_bwd_on_cpu import reference
 
 CONFORMER = Problem(32, 512, 1024, 31, 1, 15, 1, "fp16")
@@ -208,20 +207,18 @@ def test_weight_gradient_matches_float64_on_cpu(tmp_path, monkeypatch, p, c):
         inp, out = tmp_path / f"{q.key}.in", tmp_path / f"{q.key}.out"
         inp.write_bytes(raw(x) + raw(gy) + raw(w))
         args = [exe, inp, out, q.batch, q.channels, q.length, q.out_length, q.padding, 0, 0, q.kernel_size]
-        for schedule in SCHEDULES:  # warps in step, then each warp as far ahead as the barriers let it
-            proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600,
-                                  env={**os.environ, **schedule})
-            assert proc.returncode == 0, f"{q.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
-            data = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8)
-            n_w = w.numel() * w.element_size()
-            gw = data[:n_w].view(x.dtype).view(w.shape)
-            gb = data[n_w:n_w + 2 * q.channels].view(x.dtype)
-            wr = data[n_w + 2 * q.channels:].view(x.dtype).view(w.shape)
-            (_, ref_w, ref_b), (_, scale_w, scale_b) = reference(q, x, w, b, gy, 0)
-            for what, got, ref, scale in (("grad_weight", gw, ref_w, scale_w), ("grad_bias", gb, ref_b, scale_b)):
-                outcome = compare(q, got, ref, scale)
-                assert outcome.ok, f"{v.name} on {q.key} ({schedule}): {what}: {outcome.message}"
-            assert torch.equal(wr, w.flip(-1)), f"{v.name} on {q.key}: the reversed taps"
+        proc = run_both_schedules(args, out)
+        assert proc.returncode == 0, f"{q.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
+        data = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8)
+        n_w = w.numel() * w.element_size()
+        gw = data[:n_w].view(x.dtype).view(w.shape)
+        gb = data[n_w:n_w + 2 * q.channels].view(x.dtype)
+        wr = data[n_w + 2 * q.channels:].view(x.dtype).view(w.shape)
+        (_, ref_w, ref_b), (_, scale_w, scale_b) = reference(q, x, w, b, gy, 0)
+        for what, got, ref, scale in (("grad_weight", gw, ref_w, scale_w), ("grad_bias", gb, ref_b, scale_b)):
+            outcome = compare(q, got, ref, scale)
+            assert outcome.ok, f"{v.name} on {q.key}: {what}: {outcome.message}"
+        assert torch.equal(wr, w.flip(-1)), f"{v.name} on {q.key}: the reversed taps"
 
 
 def test_the_checks_run_the_split_backward_without_silu_and_the_fused_one_with_both(monkeypatch):

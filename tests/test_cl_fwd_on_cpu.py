@@ -5,7 +5,6 @@ portable SiLU spelling (the device one differs only in ex2's flush of results be
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from dwgen.check import compare, make_inputs, reference
 from dwgen.families.blc import Config
 from dwgen.problem import Problem
 from dwgen.space import Variant, violations
-from tests.cuda_on_cpu import MAIN_OPEN, build_all, forward_checks, raw, shipped_generic
+from tests.cuda_on_cpu import MAIN_OPEN, build_all, forward_checks, raw, run_both_schedules, shipped_generic
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -49,7 +48,7 @@ def run_on_cpu(exe: Path, p: Problem, seed: int, tmp: Path):
     act = int(p.activation == "silu")
     args = [exe, inp, out, p.batch, p.channels, p.length, p.out_length, p.padding, act, int(b is not None),
             p.kernel_size]
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    proc = run_both_schedules(args, out)
     assert proc.returncode == 0, f"{p.key}: exit {proc.returncode} {proc.stderr[-2000:]}"
     data = torch.frombuffer(bytearray(out.read_bytes()), dtype=torch.uint8).view(x.dtype)
     y = data.view(p.batch, p.out_length, p.channels).transpose(1, 2)

@@ -12,7 +12,7 @@ from dwgen import render
 from dwgen.families import tcdiag
 from dwgen.families.tcdiag import Config
 from dwgen.problem import Problem
-from tests.cuda_on_cpu import PRELUDE, SCHEDULES, WARP_LDST_ON_CPU, WARP_MMA_ON_CPU, _compile, _emulated
+from tests.cuda_on_cpu import PRELUDE, WARP_LDST_ON_CPU, WARP_MMA_ON_CPU, _compile, _emulated
 from tests.test_cl_fwd_on_cpu import MAIN, run_on_cpu
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -61,13 +61,9 @@ def _checks(p: Problem, c: Config) -> list[Problem]:
 @pytest.mark.parametrize("p,c", CASES, ids=[tcdiag.standalone(p, c)[0] for p, c in CASES])
 def test_matches_float64_on_cpu(tmp_path, monkeypatch, p, c):
     exe = _binary(p, c, tmp_path, monkeypatch)
-    for schedule in SCHEDULES:  # warps in step, then each warp as far ahead as the barriers let it
-        monkeypatch.delenv("EMU_GREEDY_WARPS", raising=False)
-        for name, value in schedule.items():
-            monkeypatch.setenv(name, value)
-        for q in _checks(p, c):
-            _, outcome = run_on_cpu(exe, q, seed=q.length % 7, tmp=tmp_path)
-            assert outcome.ok, f"{exe.name} on {q.key} ({schedule}): {outcome.message}"
+    for q in _checks(p, c):  # under both warp schedules (run_on_cpu: tests.cuda_on_cpu.run_both_schedules)
+        _, outcome = run_on_cpu(exe, q, seed=q.length % 7, tmp=tmp_path)
+        assert outcome.ok, f"{exe.name} on {q.key}: {outcome.message}"
 
 
 def test_designs_cover_the_signatures():
