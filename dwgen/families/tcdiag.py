@@ -87,7 +87,7 @@ class Tiling:
         chunks whatever S: 128 contiguous bytes, every bank once."""
         return -(-self.span // self.problem.stride)
 
-    @property
+    @functools.cached_property
     def phase_pitch(self) -> int:
         """Chunks from one stride phase's staged rows to the next's: phase_rows, or up to 7 more where that spreads
         a quarter-warp's copies (8 / QG consecutive positions, so S > 1 phases) over more bank groups."""
@@ -217,11 +217,12 @@ class GroupCode:
     last: tuple[str, str] | None
 
 
-def _block(p: Problem, c: Config, u: int, m0: int, tap: int) -> int:
+def _block(p: Problem, pitch: int, u: int, m0: int, tap: int) -> int:
     """The staged row (past the warp's first output) of the first of the 8 chunks that hold A's rows m0 .. m0 + 7
-    of group u at a tap: outputs 16u + m0 + r read position (16u + m0 + r) S + tap D, staged at its phase's row."""
+    of group u at a tap: outputs 16u + m0 + r read position (16u + m0 + r) S + tap D, staged at its phase's row
+    (phases `pitch` rows apart)."""
     q = tap * p.dilation
-    return q % p.stride * Tiling(p, c).phase_pitch + GROUP * u + m0 + q // p.stride
+    return q % p.stride * pitch + GROUP * u + m0 + q // p.stride
 
 
 def _pack(rows: list[int], quads: list[tuple[int, ...]], first: int) -> list[Load]:
@@ -255,11 +256,11 @@ def schedule(p: Problem, c: Config) -> tuple[GroupCode, ...]:
     tap T are its top ones at T + 8, and group u + 1's top ones at T are group u's bottom ones at T + 8: 16 blocks
     a group instead of 2K). Loads are shaped as A quads where they can be, so that fewer registers are moved into
     the products' operands."""
-    k = p.kernel_size
+    k, pitch = p.kernel_size, Tiling(p, c).phase_pitch
     gw = c.tile // GROUP // c.wpc
-    quads = [[tuple(_block(p, c, u, m0, 2 * i + h) for h in (0, 1) for m0 in (0, 8)) for i in range(k // 2)]
+    quads = [[tuple(_block(p, pitch, u, m0, 2 * i + h) for h in (0, 1) for m0 in (0, 8)) for i in range(k // 2)]
              for u in range(gw)]
-    lasts = [(_block(p, c, u, 0, k - 1), _block(p, c, u, 8, k - 1)) if k % 2 else None for u in range(gw)]
+    lasts = [(_block(p, pitch, u, 0, k - 1), _block(p, pitch, u, 8, k - 1)) if k % 2 else None for u in range(gw)]
     where: dict[int, str] = {}
     groups: list[GroupCode] = []
     count = 0
