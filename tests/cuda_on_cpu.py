@@ -22,22 +22,24 @@ HERE = Path(__file__).resolve().parent
 SCHEDULES = ({}, {"EMU_GREEDY_WARPS": "1"})
 
 
-def run_both_schedules(cmd: list, out: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_both_schedules(cmd: list, out: Path | None, timeout: int = 600) -> subprocess.CompletedProcess:
     """A test binary run under both warp schedules: round robin, then each warp as far ahead as the barriers let it.
     A kernel's outputs depend on no interleaving (no float atomics, every race a bug), so the two runs must exit
-    alike and write the same bytes to `out`; returns the first run, its output left in `out`."""
+    alike and write the same bytes to `out` (or, without one, to stdout); returns the first run, its output left
+    in `out`."""
     import os
 
     runs = []
     for schedule in SCHEDULES:
         proc = subprocess.run([str(a) for a in cmd], capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, **schedule})
-        runs.append((proc, out.read_bytes() if proc.returncode == 0 and out.exists() else b""))
+        written = out.read_bytes() if out is not None and proc.returncode == 0 and out.exists() else b""
+        runs.append((proc, written if out is not None else proc.stdout.encode()))
     (first, bytes0), (second, bytes1) = runs
     assert first.returncode == second.returncode, (
         f"exit {first.returncode} round robin, {second.returncode} greedy warps: {second.stderr[-2000:]}")
     assert bytes0 == bytes1, "the greedy warp schedule wrote other outputs than round robin: a race between warps"
-    if first.returncode == 0:
+    if first.returncode == 0 and out is not None:
         out.write_bytes(bytes0)
     return first
 
