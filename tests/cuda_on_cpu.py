@@ -180,7 +180,7 @@ template <int PENDING> inline void cp_async_wait() {  // every committed group l
 
 
 # templates/_warp_mma_extra.cu.j2 lane by lane: ldmatrix meets the warp's row addresses in a shared table at a
-# warp barrier, the m16n8k8 product its fragments (as WARP_MMA_ON_CPU's m16n8k16, whose emu_widen it uses); the
+# warp barrier, the m16n8k8 product is WARP_MMA_ON_CPU's m16n8k16 with zeros in its upper halves; the
 # zero-filling copy is deferred to its wait as WARP_MMA_ON_CPU's cp.async. Shared memory here starts as zeros,
 # where the device's holds whatever was there: so ldmatrix exits the program (code 4) on a row that no copy of
 # its block wrote.
@@ -208,24 +208,10 @@ inline void ldsm_x4(unsigned (&r)[4], const void* row) { emu_ldsm(r, row); }
 inline void ldsm_x2(unsigned (&r)[2], const void* row) { emu_ldsm(r, row); }
 inline void ldsm_x1(unsigned (&r)[1], const void* row) { emu_ldsm(r, row); }
 
-static unsigned emu_frag8[1024][3];
-
+// m16n8k8 is m16n8k16 with A's columns 8 to 15 and B's rows 8 to 15 zero: the same sums, the zeros adding nothing.
 inline void mma1688(float (&d)[4], const unsigned a0, const unsigned a1, const unsigned b) {
-    const unsigned t = threadIdx.x, w = t / 32 * 32, l = t % 32, g = l / 4, q = l % 4;
-    emu_frag8[t][0] = a0;
-    emu_frag8[t][1] = a1;
-    emu_frag8[t][2] = b;
-    emu::warp_barriers[t / 32].wait();
-    auto half = [&](unsigned lane, unsigned reg, unsigned k) {
-        return emu_widen((emu_frag8[w + lane][reg] >> (16 * (k % 2))) & 0xffffu);
-    };
-    for (unsigned rr = 0; rr < 4; ++rr) {
-        const unsigned row = g + 8 * (rr >> 1), col = 2 * q + (rr & 1);
-        float s = 0.0f;
-        for (unsigned k = 0; k < 8; ++k) s += half(4 * (row % 8) + k / 2, row / 8, k) * half(4 * col + k / 2, 2, k);
-        d[rr] += s;
-    }
-    emu::warp_barriers[t / 32].wait();
+    const unsigned a[4] = {a0, a1, 0u, 0u};
+    mma16816(d, a, b, 0u);
 }
 
 inline void cp_async16_or_zero(void* dst, const void* src, const bool valid) {

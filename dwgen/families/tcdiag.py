@@ -281,13 +281,6 @@ def blocks_loaded(p: Problem, c: Config) -> int:
     return sum(ld.n for g in schedule(p, c) for ld in g.loads)
 
 
-def operand_moves(p: Problem, c: Config) -> int:
-    """Products of a warp's schedule a tile whose A operand is not one load's 4 registers in order (each costs up
-    to 4 register moves)."""
-    return sum(1 for g in schedule(p, c) for _, q in g.pairs
-               if len({b.split("[")[0] for b in q}) > 1 or q != tuple(f"{q[0].split('[')[0]}[{j}]" for j in range(4)))
-
-
 def _ref(name: str) -> int:
     """A block's C expression ld<id>[<slot>] as the int id * 4 + slot (render contexts hold ints, not text)."""
     load, slot = name[2:-1].split("[")
