@@ -179,10 +179,11 @@ inline bool blocked_at_block_barrier(const int t) {
     return block_wait_gen[t] >= 0 && block_wait_gen[t] == block_barrier.generation;
 }
 
-// EMU_GREEDY_WARPS set: each warp, the last first, runs until every lane of it waits at __syncthreads or has
-// returned, before the next warp runs at all; warps are then as far apart as the block's barriers allow, so a
-// missing barrier between one warp's reads of shared memory and another's writes (cp.async's NaN included) shows
-// in the output. Unset: round robin, every warp one warp barrier on a pass.
+// EMU_GREEDY_WARPS set: each warp in turn (the last first or the first first, alternating) runs until every lane
+// of it waits at __syncthreads or has returned, before the next warp runs at all; warps are then as far apart as
+// the block's barriers allow, so a missing barrier between one warp's reads of shared memory and another's writes
+// (cp.async's NaN included) shows in the output, whichever of the two warps writes. Unset: round robin, every
+// warp one warp barrier on a pass.
 inline const bool greedy_warps = std::getenv("EMU_GREEDY_WARPS") != nullptr;
 
 // Runs every block of the grid in order (x first, as the GPU dispatches them), each as `block` fibers
@@ -234,7 +235,12 @@ void launch(F kernel, const dim3_ grid, const int block, int, void*, A... args) 
                 }
                 continue;
             }
-            for (int w = (block - 1) / 32; w >= 0; --w) {
+            // Which warp leads flips with each barrier and from block to block, so that over two blocks every
+            // stretch between barriers runs both with the last warp first and with the first warp first.
+            const int warps = (block + 31) / 32;
+            const bool last_first = ((g + block_barrier.generation) & 1) == 0;
+            for (int i = 0; i < warps; ++i) {
+                const int w = last_first ? warps - 1 - i : i;
                 for (bool ran = true; ran;) {
                     ran = false;
                     for (int t = 32 * w; t < block && t < 32 * w + 32; ++t) {
