@@ -9,7 +9,8 @@ bytes, round by round, in one process, each round in a fresh order (no side alwa
 
 Prints, per variant, each side's median ms, its x copy_ with the 10th-90th percentile over the rounds, and B's
 change against A in the same rounds (median and spread of B/A). A quick look before a template change, not a
-benchmark: an edit that wins here still goes through a template, a re-tune and the gate.
+benchmark: an edit that wins here still goes through a template, a re-tune and the gate. Without --edit it
+times the named variants as they are, side by side (one design against another on the same rounds).
 """
 from __future__ import annotations
 
@@ -254,8 +255,9 @@ def spread(samples: list[float]) -> tuple[float, float, float]:
 
 def main(argv: list[str]) -> int:
     ap = probecli.parser("scripts/probe-ab.py", __doc__)
-    ap.add_argument("--edit", action="append", type=edit_name, required=True,
-                    help=f"same (the control) or one of {', '.join(sorted(EDITS))}; a+b makes both")
+    ap.add_argument("--edit", action="append", type=edit_name, default=[],
+                    help=f"same (the control) or one of {', '.join(sorted(EDITS))}; a+b makes both; none: the "
+                         "named variants alone, side by side (designs against each other, half the builds)")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",
                     help="each round in a fresh order (default), or copy_, A, then the edits every round")
