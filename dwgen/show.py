@@ -76,12 +76,17 @@ def table(rs: list[dict]) -> str:
 
 
 def generic_note(manifest: dict) -> str:
-    """What runs for the problems nobody tuned."""
+    """What runs for the problems nobody tuned (the manifest's generic section: fast kernels keyed
+    dtype_layout_kK, a scalar kernel per dtype)."""
     g = manifest.get("generic", {})
-    ks = sorted(int(k) for k in g.get("fast", {}))
-    parts = [f"fast generic kernels for K {', '.join(map(str, ks))}"] if ks else []
-    if g.get("scalar"):
-        parts.append(f"the scalar kernel {g['scalar']['name']} for everything else")
+    ks = sorted({int(key.rsplit("_k", 1)[1]) for key in g.get("fast", {})})
+    parts = [f"a fast generic kernel of each dtype and layout for K {ks[0]}-{ks[-1]} at stride and dilation 1"
+             if len(ks) > 1 and ks == list(range(ks[0], ks[-1] + 1)) else
+             f"fast generic kernels for K {', '.join(map(str, ks))}"] if ks else []
+    scalar = sorted(s["name"] for s in g.get("scalar", {}).values())
+    if scalar:
+        parts.append(f"the generic kernels {', '.join(scalar)} for the rest (past them, a kernel tuned for the "
+                     "same K, stride, dilation, dtype and layout where one takes any size)")
     return "untuned problems run " + " and ".join(parts) if parts else ""
 
 

@@ -32,7 +32,8 @@ def frozen(tmp_path):
         "entries": [entry("32x512x1024_k31_s1_p15_d1_fp32_nobias", "dw1d_f32_k31_t64_v4_o4_row", 0.05),
                     entry("32x512x8192_k3_s1_p1_d1_fp32_nobias", "dw1d_f32_k3_t128_v4_o2_l1", 0.25,
                           layout="blc", direction="grad_input")],
-        "generic": {"fast": {"3": "a", "5": "b"}, "scalar": {"name": "dw1d_any_f32"}},
+        "generic": {"fast": {"fp32_bcl_k3": "a", "fp32_blc_k5": "b"},
+                    "scalar": {"fp32": {"name": "dw1d_any_f32"}}},
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     return tmp_path
@@ -47,8 +48,8 @@ def test_table_has_every_column_and_entry(frozen):
                                 "dw1d_f32_k31_t64_v4_o4_row", "0.0500", "0.20x", "25.00x", "NVIDIA", "H200",
                                 "2026-11-30"]
     assert lines[2].split()[2:6] == ["blc", "grad_input", "dw1d_f32_k3_t128_v4_o2_l1", "0.2500"]
-    assert lines[3] == "untuned problems run fast generic kernels for K 3, 5 and the scalar kernel dw1d_any_f32 " \
-                       "for everything else"
+    assert lines[3].startswith("untuned problems run fast generic kernels for K 3, 5 and the generic kernels "
+                               "dw1d_any_f32 for the rest")
 
 
 @pytest.mark.parametrize("query", ["32x512x8192_k3_s1_p1_d1_fp32_nobias", "32x512x8192", "dw1d_f32_k3_t128_v4_o2_l1"])
@@ -85,6 +86,12 @@ def test_committed_module_lists_every_entry_with_its_source():
     assert [r["problem"] for r in rows] == [e["key"] for e in m["entries"]]
     for r in rows:
         assert r["ms"] > 0 and r["gpu"] and r["kernel"] in show.source(ROOT / "generated", r)
+
+
+def test_show_on_the_committed_module_says_what_untuned_problems_run(capsys):
+    assert main(["show", "--out", str(ROOT / "generated")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "K 1-16" in last and "dw1d_any_f32" in last, last
 
 
 def test_tune_py_show_subcommand(frozen, capsys):
