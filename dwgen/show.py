@@ -80,9 +80,11 @@ def generic_note(manifest: dict) -> str:
     dtype_layout_kK, a scalar kernel per dtype)."""
     g = manifest.get("generic", {})
     ks = sorted({int(key.rsplit("_k", 1)[1]) for key in g.get("fast", {})})
-    parts = [f"a fast generic kernel of each dtype and layout for K {ks[0]}-{ks[-1]} at stride and dilation 1"
-             if len(ks) > 1 and ks == list(range(ks[0], ks[-1] + 1)) else
-             f"fast generic kernels for K {', '.join(map(str, ks))}"] if ks else []
+    parts = []
+    if len(ks) > 1 and ks == list(range(ks[0], ks[-1] + 1)):
+        parts.append(f"a fast generic kernel of each dtype and layout for K {ks[0]}-{ks[-1]} at stride and dilation 1")
+    elif ks:
+        parts.append(f"fast generic kernels for K {', '.join(map(str, ks))}")
     scalar = sorted(s["name"] for s in g.get("scalar", {}).values())
     if scalar:
         parts.append(f"the generic kernels {', '.join(scalar)} for the rest (past them, a kernel tuned for the "
