@@ -32,3 +32,17 @@ def test_no_stand_in_is_a_benchmarked_problem():
     for name in ("suite.txt", "untuned.txt", "training.txt"):
         benched = {(p.batch, p.channels, p.length) for p in read_cases(ROOT / "benchmarks" / name)}
         assert not sizes & benched, name
+
+
+def test_each_frozen_stand_in_can_lend_its_kernel():
+    """A stand-in exists to lend its winner: one frozen with a kernel whose launch takes fixed sizes lends nothing
+    (move it to a size that family does not take, as the file's header says)."""
+    from dwgen import freeze
+
+    manifest = freeze.read_manifest(ROOT / "generated")
+    kernels = {k["name"]: k for k in manifest["kernels"]}
+    frozen = {e["key"]: e["kernel"] for e in manifest["entries"] if e["direction"] == "fwd"}
+    stand_ins = [p for p in read_suite(ROOT / "benchmarks" / "signatures.txt") if p.key in frozen]
+    assert stand_ins, "no stand-in of benchmarks/signatures.txt is frozen in generated/"
+    for p in stand_ins:
+        assert kernels[frozen[p.key]]["sizes_at_run_time"], f"{p.key} froze {frozen[p.key]}, which is not lent"
