@@ -247,7 +247,7 @@ def _launcher(kernels: list[dict], scalar: dict, scalar_bwd: dict) -> tuple[str,
 
 
 def source_files(manifest: dict) -> list[str]:
-    """Every source the frozen module compiles, each its own translation unit (built in parallel)."""
+    """Every source the frozen module compiles (the kernels a few to a translation unit at build time, in parallel)."""
     return ([k["file"] for k in manifest["kernels"]] + [r["file"] for r in manifest["generic"]["scalar"].values()]
             + [r["file"] for r in manifest["generic"]["scalar_bwd"].values()] + [manifest["launcher"]])
 

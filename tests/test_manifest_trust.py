@@ -3,6 +3,7 @@ refused with a warning and its problems run the generic kernel, never blindly.""
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import re
 import shutil
@@ -319,3 +320,21 @@ def test_tensor_cores_off_leaves_out_split_backward_entries_too(here):
     # the kernel marked as split backward here is also fp32 K3's fast generic backward: off, that key runs the
     # generic kernel
     assert off.fast_bwd == {k: n for k, n in on.fast_bwd.items() if k != "fp32_bcl_k3"}
+
+
+def test_kernels_are_compiled_a_few_to_a_unit(here, tmp_path):
+    mod = load(here)
+    sources = mod._sources(mod.tables())
+    kernels = [s for s in sources if s.endswith(".cu")]
+    units = mod._translation_units(sources, tmp_path / "build", jobs=2)
+    assert units[0] == sources[0]  # the launcher, the longest job, still first
+    assert [u for u in units if not u.endswith(".cu")] == [s for s in sources if not s.endswith(".cu")]
+    cu = [u for u in units if u.endswith(".cu")]
+    assert 1 < len(cu) <= mod.UNITS_PER_CORE * 2 < len(kernels)
+    included = [m for u in cu for m in re.findall(r'^#include "(.+)"$', open(u).read(), re.M)]
+    assert sorted(included) == sorted(kernels)  # each kernel in exactly one unit
+    stamps = [os.stat(u).st_mtime_ns for u in cu]
+    assert mod._translation_units(sources, tmp_path / "build", jobs=2) == units
+    assert [os.stat(u).st_mtime_ns for u in cu] == stamps  # unchanged text is not rewritten: ninja has nothing to do
+    many = mod._translation_units(sources, tmp_path / "many", jobs=len(kernels))
+    assert len([u for u in many if u.endswith(".cu")]) == len(kernels)
