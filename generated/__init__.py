@@ -354,8 +354,10 @@ UNITS_PER_CORE = 4
 def _translation_units(sources: list[str], build_dir: Path, jobs: int) -> list[str]:
     """What ninja compiles: the launcher (first: the longest job) and any stub as they are, and the kernel
     sources #included into at most UNITS_PER_CORE * jobs unit files in build_dir, balanced by size (each kernel
-    is in its own namespace; its launch function's name is its own). A unit file is rewritten only when its text
-    changes, so an unchanged build stays a no-op for ninja."""
+    is in its own namespace; its launch function's name is its own). A unit is named by the sha256 of its text,
+    which holds each kernel's own sha256: builds of other kernel sets sharing a build folder (at once, or one after
+    another) never overwrite each other's units, and a changed kernel is a new unit even where ninja tracks no
+    included files. An existing unit is left alone, so an unchanged build stays a no-op for ninja."""
     kernels = [s for s in sources if s.endswith(".cu")]
     units: list[list[str]] = [[] for _ in range(max(1, min(len(kernels), UNITS_PER_CORE * jobs)))]
     load = [(0, i) for i in range(len(units))]
@@ -367,15 +369,25 @@ def _translation_units(sources: list[str], build_dir: Path, jobs: int) -> list[s
     out = [s for s in sources if not s.endswith(".cu")]
     for i, unit in enumerate(u for u in units if u):
         text = "// dwgen kernels compiled as one unit (written by build())\n" + "".join(
-            f'#include "{path}"\n' for path in sorted(unit))
-        path = build_dir / f"dwgen_kernels_{i:03d}.cu"
-        if not path.exists() or path.read_text() != text:
+            f'#include "{path}"  // sha256 {hashlib.sha256(Path(path).read_bytes()).hexdigest()}\n'
+            for path in sorted(unit))
+        path = build_dir / f"dwgen_kernels_{hashlib.sha256(text.encode()).hexdigest()[:16]}.cu"
+        if not path.exists():
             fd, tmp = tempfile.mkstemp(dir=build_dir, suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             os.replace(tmp, path)
         out.insert(1 + i, str(path))
     return out
+
+
+def _build_jobs() -> int:
+    """How many compile jobs torch's ninja run takes: MAX_JOBS when it is a number, else the cores this process
+    may use."""
+    jobs = os.environ.get("MAX_JOBS", "")
+    if jobs.isdigit() and int(jobs) > 0:
+        return int(jobs)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _build_directory(name: str) -> Path:
@@ -426,10 +438,9 @@ def build(verbose: bool = False):
         try:
             name = extension_name(sources)
             build_dir = _build_directory(name)
-            jobs = int(os.environ.get("MAX_JOBS") or 0) or os.cpu_count() or 1  # as torch's ninja run
             ext = load(
                 name=name,
-                sources=_translation_units(sources, build_dir, jobs),
+                sources=_translation_units(sources, build_dir, _build_jobs()),
                 extra_cflags=list(HOST_CFLAGS),
                 extra_cuda_cflags=list(MANIFEST["nvcc_flags"]),  # checked plain by check_manifest
                 build_directory=str(build_dir),

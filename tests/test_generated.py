@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -82,5 +83,7 @@ def test_builds_with_load_inline(tmp_path):
     ninja = (tmp_path / "build.ninja").read_text()
     cflags = next(line for line in ninja.splitlines() if line.startswith("cflags ="))
     assert " -O3" in cflags, cflags
+    # the kernels were compiled a few to a unit, none as its own
+    assert "dwgen_kernels_" in ninja and not re.search(r"kernels/[^ ]*\.cu\b", ninja)
 
 

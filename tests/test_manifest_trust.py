@@ -331,10 +331,19 @@ def test_kernels_are_compiled_a_few_to_a_unit(here, tmp_path):
     assert [u for u in units if not u.endswith(".cu")] == [s for s in sources if not s.endswith(".cu")]
     cu = [u for u in units if u.endswith(".cu")]
     assert 1 < len(cu) <= mod.UNITS_PER_CORE * 2 < len(kernels)
-    included = [m for u in cu for m in re.findall(r'^#include "(.+)"$', open(u).read(), re.M)]
-    assert sorted(included) == sorted(kernels)  # each kernel in exactly one unit
+    members = {u: re.findall(r'^#include "(.+)"', open(u).read(), re.M) for u in cu}
+    assert sorted(m for ms in members.values() for m in ms) == sorted(kernels)  # each kernel in exactly one unit
+    sizes = [sum(os.path.getsize(m) for m in ms) for ms in members.values()]
+    assert max(sizes) - min(sizes) <= max(os.path.getsize(k) for k in kernels)  # balanced by size
     stamps = [os.stat(u).st_mtime_ns for u in cu]
     assert mod._translation_units(sources, tmp_path / "build", jobs=2) == units
-    assert [os.stat(u).st_mtime_ns for u in cu] == stamps  # unchanged text is not rewritten: ninja has nothing to do
+    assert [os.stat(u).st_mtime_ns for u in cu] == stamps  # unchanged units are not rewritten: ninja has nothing to do
+    # a kernel whose text changes (its name kept) puts its unit under a new name; the others stay
+    changed = kernels[len(kernels) // 2]
+    with open(changed, "a") as f:
+        f.write("// edited\n")
+    again = mod._translation_units(sources, tmp_path / "build", jobs=2)
+    moved = set(again) - set(units)
+    assert len(moved) == 1 and changed in open(moved.pop()).read()
     many = mod._translation_units(sources, tmp_path / "many", jobs=len(kernels))
     assert len([u for u in many if u.endswith(".cu")]) == len(kernels)
