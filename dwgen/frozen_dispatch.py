@@ -391,11 +391,14 @@ def _build_jobs() -> int:
 
 
 def _build_directory(name: str) -> Path:
-    """Where torch builds the extension: DWGEN_BUILD_DIR, else torch's own folder for `name`."""
+    """Where torch builds the extension: DWGEN_BUILD_DIR, else torch's own folder for `name` (a private torch
+    function: where a torch lacks it, a folder of our own under the temporary directory)."""
     if os.environ.get("DWGEN_BUILD_DIR"):
         return Path(os.environ["DWGEN_BUILD_DIR"])
-    from torch.utils.cpp_extension import _get_build_directory
-
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+    except ImportError:
+        return Path(tempfile.gettempdir()) / "dwgen_extensions" / name
     return Path(_get_build_directory(name, False))
 
 
