@@ -366,8 +366,8 @@ def _translation_units(sources: list[str], build_dir: Path, jobs: int) -> list[s
         units[i].append(path)
         heapq.heappush(load, (size + os.path.getsize(path), i))
     build_dir.mkdir(parents=True, exist_ok=True)
-    out = [s for s in sources if not s.endswith(".cu")]
-    for i, unit in enumerate(u for u in units if u):
+    paths = []
+    for unit in (u for u in units if u):
         text = "// dwgen kernels compiled as one unit (written by build())\n" + "".join(
             f'#include "{path}"  // sha256 {hashlib.sha256(Path(path).read_bytes()).hexdigest()}\n'
             for path in sorted(unit))
@@ -377,8 +377,9 @@ def _translation_units(sources: list[str], build_dir: Path, jobs: int) -> list[s
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             os.replace(tmp, path)
-        out.insert(1 + i, str(path))
-    return out
+        paths.append(str(path))
+    launcher, *rest = [s for s in sources if not s.endswith(".cu")]
+    return [launcher, *paths, *rest]
 
 
 def _build_jobs() -> int:

@@ -3,8 +3,8 @@ refused with a warning and its problems run the generic kernel, never blindly.""
 from __future__ import annotations
 
 import itertools
-import os
 import json
+import os
 import re
 import shutil
 import warnings
