@@ -24,6 +24,7 @@ from dwgen.space import (
     direction_key,
     generic_key,
     generic_variants,
+    narrow_variants,
     make_config,
     signature,
 )
@@ -144,11 +145,24 @@ def _generic_choices(old: dict, new: dict | None) -> dict:
     return chosen
 
 
-def _fast_generic(chosen: dict) -> tuple[list[Variant], list[Variant]]:
-    """The fast generic kernels of both directions from the manifest's measured choices (the rest of the keys
-    take the nearest measured K's design, or the family's first)."""
+# The manifest's tables of fast generic kernels: each direction's (generic_key -> name), and the narrower ones
+# chosen beside them (generic_key -> names, narrowest scope first; frozen_dispatch._FAST_TABLES)
+FAST_TABLES = (("fast", "fwd", False), ("fast_bwd", "bwd", False), ("fast_narrow", "fwd", True),
+               ("fast_bwd_narrow", "bwd", True))
+
+
+def _fast_generic(chosen: dict) -> dict[str, list[list[Variant]]]:
+    """The fast generic kernels of each table from the manifest's measured choices (the rest of the keys
+    take the nearest measured K's design, or the family's first), a list for each key."""
     designs = {k: c["config"] for k, c in chosen.items()}
-    return generic_variants(designs), generic_variants(designs, direction="bwd")
+    narrow = {k: [n["config"] for n in c["narrow"]] for k, c in chosen.items() if c.get("narrow")}
+    return {table: narrow_variants(designs, narrow, direction) if is_narrow
+            else [[v] for v in generic_variants(designs, direction)] for table, direction, is_narrow in FAST_TABLES}
+
+
+def _fast_table(lists: list[list[Variant]], is_narrow: bool) -> dict:
+    """A manifest table: generic_key -> the kernel's name, or for a narrow table the names in order."""
+    return {generic_key(vs[0].problem): [v.name for v in vs] if is_narrow else vs[0].name for vs in lists}
 
 
 def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generic: dict | None = None) -> dict:
@@ -176,8 +190,8 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         e = _entry(w)
         entries[_entry_slot(e)] = e
     variants = {v.name: v for v in map(entry_variant, entries.values())}
-    fast, fast_bwd = _fast_generic(chosen)
-    for v in [*fast, *fast_bwd]:
+    fast = _fast_generic(chosen)
+    for v in (v for lists in fast.values() for vs in lists for v in vs):
         variants.setdefault(v.name, v)
     kernels = [_kernel_record(variants[n]) for n in sorted(variants)]
     sources = {k["file"]: render.render_variant(variants[k["name"]]) for k in kernels}
@@ -200,8 +214,7 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         "kernels": kernels,
         "entries": [entries[k] for k in sorted(entries)],
         "generic": {
-            "fast": {generic_key(v.problem): v.name for v in fast},
-            "fast_bwd": {generic_key(v.problem): v.name for v in fast_bwd},
+            **{table: _fast_table(fast[table], is_narrow) for table, _, is_narrow in FAST_TABLES},
             "chosen": chosen,
             "scalar": scalar,
             "scalar_bwd": scalar_bwd,
@@ -272,19 +285,19 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         return [f"schema {m.get('schema')}"]
     stale = [_entry_label(e) for e in m["entries"] if entry_variant(e).digest != e["digest"]]
     # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
-    fast_variants, bwd_variants = _fast_generic(m["generic"]["chosen"])
-    variants = {v.name: v for v in [*map(entry_variant, m["entries"]), *fast_variants, *bwd_variants]}
+    fast_variants = _fast_generic(m["generic"]["chosen"])
+    variants = {v.name: v for v in [*map(entry_variant, m["entries"]),
+                                     *(v for lists in fast_variants.values() for vs in lists for v in vs)]}
     for k in m["kernels"]:
         v = variants.get(k["name"])
         if v is None or v.digest != k["digest"] or (out_dir / k["file"]).read_text() != render.render_variant(v):
             stale.append(k["name"])
-    fast = {generic_key(v.problem): v.name for v in fast_variants}
-    fast_bwd = {generic_key(v.problem): v.name for v in bwd_variants}
     current, current_bwd = _any_sources(), _any_sources("bwd")
     scalar = {dtype: rec for dtype, (rec, _) in current.items()}
     scalar_bwd = {dtype: rec for dtype, (rec, _) in current_bwd.items()}
-    if (m["generic"]["scalar"] != scalar or m["generic"].get("scalar_bwd") != scalar_bwd or m["generic"]["fast"] != fast
-            or m["generic"].get("fast_bwd") != fast_bwd or any(
+    if (m["generic"]["scalar"] != scalar or m["generic"].get("scalar_bwd") != scalar_bwd or any(
+            m["generic"].get(table, {}) != _fast_table(fast_variants[table], is_narrow)
+            for table, _, is_narrow in FAST_TABLES) or any(
                 (out_dir / rec["file"]).read_text() != text
                 for rec, text in [*current.values(), *current_bwd.values()])):
         stale.append("generic")

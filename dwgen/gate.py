@@ -9,7 +9,8 @@ checked on each problem it was tuned for (its left and right padding and its act
 activation too: one launch function takes both; a backward one from tune.py --direction bwd on its own
 problem), any other on a problem of its signature. It also checks that each tuned problem dispatches to its
 kernel in its direction and computes right through the module's op, each fast generic kernel the same on a
-padding past its halo, and the generic kernels of every dtype, both ways, symmetric and causal.
+padding past its halo (and each one chosen beside a key's for some calls on a call its scope takes, and with
+SiLU), and the generic kernels of every dtype, both ways, symmetric and causal.
 Exit 0 only when every check passed; the tuner commits a manifest only then.
 """
 from __future__ import annotations
@@ -23,7 +24,10 @@ from pathlib import Path
 
 from dwgen import check
 from dwgen.problem import ACTIVATIONS, Problem, other_activation
-from dwgen.space import Variant, direction_key, make_config
+from dwgen.space import FAMILIES, Variant, direction_key, make_config
+
+# each family's scope as a fast generic kernel, by name (the kernel records name a family that is not primary)
+GENERIC_SCOPES_OF = {f.name: f.generic_scope for fs in FAMILIES.values() for f in fs}
 
 SEEDS = (0, 1)
 
@@ -50,10 +54,14 @@ def misaligned(x):
 
 
 def signature_problem(k: dict) -> Problem:
-    """A problem of a kernel's signature (its sizes are run-time, so any will do as a base for edges)."""
+    """A problem of a kernel's signature (its sizes are run-time, so any will do as a base for edges): centred,
+    or causal for a lane backward serving as a fast generic one (its scope: space.scope_admits)."""
     s = k["signature"]
-    return Problem(4, 64, 1000, s["kernel_size"], s["stride"], (s["kernel_size"] - 1) // 2 * s["dilation"],
-                   s["dilation"], s["dtype"], layout=s["layout"])
+    p = Problem(4, 64, 1000, s["kernel_size"], s["stride"], (s["kernel_size"] - 1) // 2 * s["dilation"],
+                s["dilation"], s["dtype"], layout=s["layout"])
+    if GENERIC_SCOPES_OF.get(k["config"].get("family")) == "causal_or_centred":
+        p = replace(p, padding=p.halo, padding_right=0)
+    return p
 
 
 def _gate_forward(ext, index: int, k: dict, base: Problem, cache) -> str | None:
@@ -95,10 +103,20 @@ GENERIC_PROBLEMS = ((2, 5, 301, 33, 3, 7, 2, True, "bcl", 7), (1, 3, 40, 64, 4, 
                     (2, 5, 300, 33, 3, 64, 2, True, "bcl", 0), (2, 16, 130, 4, 2, 3, 1, False, "blc", 0))
 
 
+def _call_kwargs(q: Problem) -> dict:
+    """q's keyword arguments for the op: its padding as an int, 'causal', or 'same' (the halo split H // 2 on the
+    left and the rest on the right: a centred call of an even filter at stride 1)."""
+    if q.symmetric or q.causal:
+        return q.call_kwargs
+    if q.stride != 1 or q.paddings != (q.halo // 2, q.halo - q.halo // 2):
+        raise ValueError(f"{q.key}: the op takes no padding argument for these paddings")
+    return {**replace(q, padding_right=q.padding).call_kwargs, "padding": "same"}
+
+
 def _chosen(mod, q: Problem, direction: str) -> str:
     """The kernel the module's dispatcher picks for q in a direction."""
     x, w, b = check.make_inputs(q, 0)
-    return mod.kernel_for(x, w, b, **q.call_kwargs, direction=direction)
+    return mod.kernel_for(x, w, b, **_call_kwargs(q), direction=direction)
 
 
 def _through_the_op(mod, q: Problem, direction: str, seed: int, cache) -> str | None:
@@ -108,7 +126,7 @@ def _through_the_op(mod, q: Problem, direction: str, seed: int, cache) -> str | 
 
     if direction == "fwd":
         with torch.no_grad():
-            outcome = check.check(q, lambda q_, x, w, b, y: y.copy_(mod.depthwise_conv1d(x, w, b, **q_.call_kwargs)),
+            outcome = check.check(q, lambda q_, x, w, b, y: y.copy_(mod.depthwise_conv1d(x, w, b, **_call_kwargs(q_))),
                                   seeds=(seed,), cache=cache)
         return None if outcome.ok else f"depthwise_conv1d on {q.key}: {outcome.message}"
     outcome = check.check_backward(q, check.through_backward_op(torch.ops.dwgen.depthwise_conv1d_backward.default),
@@ -165,6 +183,44 @@ def _fast_past_the_halo(mod, cache) -> list[str]:
     return failures
 
 
+def _fast_narrow_calls(mod, cache) -> list[str]:
+    """Each fast generic kernel chosen beside a key's for some calls, through the op on a call its scope takes and
+    on a causal and a centred one, plain and with SiLU: each call goes where the dispatcher's rule sends it (the
+    first narrow kernel whose scope admits it, else the key's kernel for every call) and must compute right."""
+    failures = []
+    t = mod.tables()
+    for direction, narrow, whole in (("fwd", "fast_narrow", "fast"), ("bwd", "fast_bwd_narrow", "fast_bwd")):
+        for key, names in getattr(t, narrow).items():
+            dtype, layout, k = mod._FAST_KEY.fullmatch(key).groups()
+            k, h = int(k), int(k) - 1
+            for name in names:
+                multiple = t.kernels[name][1]["channel_multiple"]
+                # a call of its scope: causal for the lane one; the halo on both sides for the within-halo one
+                # (neither causal nor centred: a lane kernel before it in the list does not take it); then causal
+                # on a row that is not whole vectors (which a lane kernel does not take either) and centred
+                causal = mod._scope(t, name) == "causal_or_centred"
+                q = Problem(2, 3 * multiple, 304, k, 1, h, 1, dtype, bias=True, layout=layout,
+                            padding_right=0 if causal else h)
+                calls = [q, replace(q, length=301, padding_right=0), replace(q, padding=h // 2, padding_right=h - h // 2)]
+                for call in (c for q_ in calls for c in (q_, replace(q_, activation="silu"))):
+                    left, right = call.paddings
+                    want = next((n for n in names if mod._admits(mod._scope(t, n), k, left, right, call.activation,
+                                                                 call.batch, call.length, call.elem_bytes)),
+                                getattr(t, whole).get(key))
+                    got = _chosen(mod, call, direction)
+                    why = (f"{direction_key(call, direction)} dispatches to {got}, not the fast {want}" if got != want
+                           else _through_the_op(mod, call, direction, 8, cache))
+                    if why is not None:
+                        failures.append(f"{why} (a narrow fast kernel's scope)")
+                if direction == "bwd":  # paddings only the op's own pad_left and pad_right give: (0, H) and (H, 1)
+                    for call in (replace(q, length=301, padding=0, padding_right=h),
+                                 replace(q, length=301, padding=h, padding_right=min(1, h))):
+                        why = _through_the_op(mod, call, direction, 9, cache)
+                        if why is not None:
+                            failures.append(f"{why} (a narrow fast kernel's scope, uneven padding)")
+    return failures
+
+
 def gate(mod, log=print) -> list[str]:
     """Every failure, as one line each; empty when the module may ship."""
     import torch
@@ -206,6 +262,7 @@ def gate(mod, log=print) -> list[str]:
                 failures.append(why)
     failures += _lent_calls(mod, entries, keys, cache)
     failures += _fast_past_the_halo(mod, cache)
+    failures += _fast_narrow_calls(mod, cache)
     for dtype in mod.MANIFEST["generic"]["scalar"]:
         for b_, c_, n_, k_, s_, p_, d_, bias, layout, pr in GENERIC_PROBLEMS:
             for activation in ACTIVATIONS:

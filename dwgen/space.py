@@ -76,6 +76,14 @@ class Family:
         checks run it with besides its problem's own."""
         return getattr(self.module, "activations", lambda _: ACTIVATIONS)(p)
 
+    @property
+    def generic_scope(self) -> str | None:
+        """Which calls of a (dtype, layout, K) at stride and dilation 1 its launch takes whatever their sizes (a
+        module says so with GENERIC_SCOPE): "any" (padding past the halo, every activation) may be a fast
+        generic kernel alone; a narrower scope (GENERIC_SCOPES) is chosen beside one, for the calls it admits
+        (scope_admits); None never serves as a fast generic kernel."""
+        return getattr(self.module, "GENERIC_SCOPE", None)
+
 
 # Each (direction, layout) has one or more families; the first is its primary one: the generic fast path
 # and a tune's plain parameter names are its. The others join a tune where they apply, their parameters
@@ -377,17 +385,79 @@ def generic_variants(chosen: dict[str, dict] | None = None, direction: str = "fw
     return out
 
 
+# The narrower scopes a fast generic kernel may serve beside one of scope "any", narrowest first (the order the
+# dispatchers try them in: frozen_dispatch._admits and the launcher's admits say the same in their own terms).
+GENERIC_SCOPES = ("causal_or_centred", "within_halo")
+
+
+def scope_admits(scope: str, p: Problem) -> bool:
+    """Whether a fast generic kernel of this scope takes p (stride and dilation 1, K <= 16 assumed): within_halo,
+    padding up to the halo a side without an activation (the split backward); causal_or_centred, output length L
+    with the halo all on the left, or split H // 2 left and the rest right without an activation, on rows of
+    whole 16-byte vectors (the lane backward; its launch refuses a batch past 65535 row groups and a row within a
+    chunk of 2^31, so those go to the kernel for every call)."""
+    left, right = p.paddings
+    if scope == "any":
+        return True
+    if scope == "within_halo":
+        return p.activation == "none" and max(left, right) <= p.halo
+    if scope == "causal_or_centred":
+        return (p.length % (16 // p.elem_bytes) == 0 and p.batch <= 65535 and p.length <= 2**30
+                and ((left, right) == (p.halo, 0) or ((left, right) == (p.halo // 2, p.halo - p.halo // 2)
+                                                      and p.activation == "none")))
+    raise ValueError(f"unknown generic scope {scope!r}")
+
+
+def scope_stand_in(p: Problem, scope: str | None) -> Problem:
+    """The stand-in a design of a narrower family is specialised to and checked on as a fast generic kernel: a
+    call its scope takes, large enough that no size restriction of the family refuses a design (their sizes and
+    padding are run-time; the kernel is the same for any of its signature's problems)."""
+    if scope == "causal_or_centred":
+        return replace(p, batch=16, length=16384, padding=p.halo, padding_right=0)
+    return p
+
+
+def narrow_variants(chosen: dict[str, dict] | None, narrow: dict[str, list[dict]],
+                    direction: str = "fwd") -> list[list[Variant]]:
+    """The fast generic kernels chosen beside a direction's for narrower scopes (search.generic's narrow
+    designs, narrowest scope first), a list for each (dtype, layout, K) that has any. `chosen` is as
+    generic_variants takes it; `narrow` maps a measured key to its narrow designs. Each (dtype, layout, K)
+    follows the measurement its generic design came from: that measurement's narrow designs that fit it, else
+    none (the generic kernel serves it all)."""
+    out = []
+    for (fam_direction, layout), _ in FAMILIES.items():
+        if fam_direction != direction:
+            continue
+        for dtype in DTYPES:
+            for k in GENERIC_KERNEL_SIZES:
+                p = generic_problem(k, dtype, layout)
+                configs = [make_config(p, params, direction)
+                           for params in narrow.get(_measured_source(chosen or {}, p, direction) or "", [])]
+                variants = [Variant(q, c, direction) for c in configs
+                            if not violations(q := scope_stand_in(p, family_of_config(p, c, direction).generic_scope),
+                                              c, direction)]
+                if variants:
+                    out.append(variants)
+    return out
+
+
+def _measured_source(chosen: dict[str, dict], p: Problem, direction: str) -> str | None:
+    """The key of p's own measured design, else of the nearest measured K's (same dtype and layout) whose
+    design fits p."""
+    nearest = sorted(GENERIC_KERNEL_SIZES, key=lambda k: (abs(k - p.kernel_size), k))
+    for k in nearest:
+        key = generic_choice_key(generic_problem(k, p.dtype, p.layout), direction)
+        if chosen.get(key) and (k == p.kernel_size or not violations(p, make_config(p, chosen[key], direction),
+                                                                     direction)):
+            return key
+    return None
+
+
 def _measured_design(chosen: dict[str, dict], p: Problem, direction: str):
     """p's own measured design, else the nearest measured K's (same dtype and layout) where it fits p. A design
     may be of any family of the layout (its config names the family when it is not the primary one)."""
-    nearest = sorted(GENERIC_KERNEL_SIZES, key=lambda k: (abs(k - p.kernel_size), k))
-    for k in nearest:
-        params = chosen.get(generic_choice_key(generic_problem(k, p.dtype, p.layout), direction))
-        if params:
-            config = make_config(p, params, direction)
-            if k == p.kernel_size or not violations(p, config, direction):
-                return config
-    return None
+    key = _measured_source(chosen, p, direction)
+    return None if key is None else make_config(p, chosen[key], direction)
 
 
 def generic_key(p: Problem) -> str:

@@ -46,6 +46,15 @@ _ARG_LIMIT = 2**31 - 1  # the kernels take stride, dilation and each padding as 
 # What a tuned kernel is lent by to untuned problems (the C++ tables' lent_key in this order)
 _SIGNATURE_FIELDS = ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
 _DIRECTIONS = ("fwd", "bwd")
+# The manifest's fast generic tables, each a direction's: dtype_layout_kK -> the kernel that serves every call,
+# or (narrow) -> the kernels chosen beside it for the calls their scope admits, narrowest scope first
+_FAST_TABLES = {"fast": ("fwd", False), "fast_bwd": ("bwd", False), "fast_narrow": ("fwd", True),
+                "fast_bwd_narrow": ("bwd", True)}
+_MAX_NARROW = 2  # narrow kernels a key (the launcher's MAX_NARROW)
+# The families whose kernels serve only some calls as fast generic kernels, and which (space.GENERIC_SCOPES,
+# space.scope_admits; the launcher's scope numbers are the order of _SCOPES)
+_NARROW_SCOPES = {"dw1d_bwdtc": "within_halo", "dw1d_bwdlane": "causal_or_centred"}
+_SCOPES = ("any", "within_halo", "causal_or_centred")
 
 
 class ManifestError(ValueError):
@@ -88,11 +97,14 @@ def check_manifest(m) -> None:
         if not isinstance(scalar, dict) or sorted(scalar) != sorted(_DTYPES.values()) or not all(
                 _file_record(r, _KERNEL_FILE) for r in scalar.values()):
             raise ManifestError(f"has no valid generic {part} kernel records for fp32, fp16 and bf16")
-    for part in ("fast", "fast_bwd"):
-        fast = generic.get(part)
-        if not isinstance(fast, dict) or not all(isinstance(k, str) and _FAST_KEY.fullmatch(k) and isinstance(v, str)
-                                                 for k, v in fast.items()):
-            raise ManifestError(f"has a generic {part!r} table that is not a map of names")
+    for part, (_, narrow) in _FAST_TABLES.items():  # the narrow tables may be absent (manifests written before them)
+        fast = generic.get(part, {} if narrow else None)
+        if not isinstance(fast, dict) or not all(
+                isinstance(k, str) and _FAST_KEY.fullmatch(k) and (
+                    isinstance(v, list) and 0 < len(v) <= _MAX_NARROW and all(isinstance(n, str) for n in v)
+                    if narrow else isinstance(v, str)) for k, v in fast.items()):
+            raise ManifestError(f"has a generic {part!r} table that is not a map of "
+                                f"{f'lists of at most {_MAX_NARROW} names' if narrow else 'names'}")
     if not isinstance(m.get("kernels"), list) or not isinstance(m.get("entries"), list):
         raise ManifestError("has no kernels or entries list")
 
@@ -183,6 +195,8 @@ class Tables:
     tuned_bwd: dict = field(default_factory=dict)  # problem key -> backward kernel name (tune.py --direction bwd)
     fast: dict = field(default_factory=dict)  # dtype_layout_kK -> kernel name
     fast_bwd: dict = field(default_factory=dict)  # the same, for the backward
+    fast_narrow: dict = field(default_factory=dict)  # dtype_layout_kK -> kernels for the calls their scope admits
+    fast_bwd_narrow: dict = field(default_factory=dict)
     lent: dict = field(default_factory=dict)  # signature (_SIGNATURE_FIELDS) -> a tuned forward kernel to lend
     lent_bwd: dict = field(default_factory=dict)  # the same, for the backward
     dropped: list = field(default_factory=list)  # names of kernels that are not built: a stub stands in
@@ -241,13 +255,25 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
         t.warnings.append(f"dwgen: generated/ was tuned on GPU architecture {', '.join(sorted(foreign))}, this GPU "
                           f"is {capability}: those entries fall back to the generic kernels; re-tune here with "
                           "`python tune.py`")
-    def fast(part: str, direction: str) -> dict:
-        """A fast generic table; without tensor cores, its tensor-core kernels' keys run the generic kernel."""
-        return {key: name for key, name in m["generic"][part].items()
-                if name in t.kernels and t.kernels[name][1]["direction"] == direction
-                and (tensor_cores or t.kernels[name][1]["config"].get("family") not in TC_FAMILIES)}
+    def usable(name: str, direction: str, narrow: bool) -> bool:
+        """Trusted, of the table's direction and of a family whose scope the table holds (a narrow table only
+        narrow ones); without tensor cores, not of a tensor-core family (its calls run the generic kernel, or
+        the key's other fast kernel)."""
+        family = t.kernels[name][1]["config"].get("family") if name in t.kernels else None
+        if name in t.kernels and (family in _NARROW_SCOPES) != narrow:
+            t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its family "
+                              f"serves {'some calls only' if not narrow else 'every call'}, not what its table holds")
+            return False
+        return (name in t.kernels and t.kernels[name][1]["direction"] == direction
+                and (tensor_cores or family not in TC_FAMILIES))
 
-    t.fast, t.fast_bwd = fast("fast", "fwd"), fast("fast_bwd", "bwd")
+    for part, (direction, narrow) in _FAST_TABLES.items():
+        table = m["generic"].get(part, {})
+        if narrow:
+            kept = {key: [n for n in names if usable(n, direction, True)] for key, names in table.items()}
+            setattr(t, part, {key: names for key, names in kept.items() if names})
+        else:
+            setattr(t, part, {key: name for key, name in table.items() if usable(name, direction, False)})
     _lent_tables(t)
     return t
 
@@ -479,11 +505,13 @@ def _table_rows(t: Tables) -> tuple[list[list[int]], list[list[int]], list[list[
                           f["padding"], f["padding_right"], f["dilation"], _DTYPE_INDEX[f["dtype"]], int(f["bias"]),
                           _LAYOUT_INDEX[f["layout"]], _ACTIVATION_NAMES.index(f["activation"]),
                           *_choice_row(t, name)])
-    fast = []
-    for direction, table in ((0, t.fast), (1, t.fast_bwd)):
-        for key, name in table.items():
+    fast = []  # rank 0 the kernel for every call, 1.. the narrow ones in order; then its scope's number
+    for part, (direction, narrow) in _FAST_TABLES.items():
+        for key, names in getattr(t, part).items():
             dtype, layout, k = _FAST_KEY.fullmatch(key).groups()
-            fast.append([direction, _DTYPE_INDEX[dtype], _LAYOUT_INDEX[layout], int(k), *_choice_row(t, name)])
+            for rank, name in enumerate(names if narrow else [names], start=int(narrow)):
+                fast.append([_DIRECTIONS.index(direction), _DTYPE_INDEX[dtype], _LAYOUT_INDEX[layout], int(k), rank,
+                             _SCOPES.index(_scope(t, name)), *_choice_row(t, name)])
     lent = []
     for direction, table in ((0, t.lent), (1, t.lent_bwd)):
         for key, name in table.items():
@@ -591,6 +619,22 @@ def _output_length(x, k: int, left: int, right: int, stride: int, dilation: int,
     return span // stride + 1
 
 
+def _scope(t: Tables, name: str) -> str:
+    return _NARROW_SCOPES.get(t.kernels[name][1]["config"].get("family"), "any")
+
+
+def _admits(scope: str, k: int, left: int, right: int, activation, batch: int, length: int, elem_size: int) -> bool:
+    """Whether a fast generic kernel of this scope takes a call at stride and dilation 1 (space.scope_admits for
+    the call's terms; the launcher's admits)."""
+    h, plain = k - 1, (activation or "none") == "none"
+    if scope == "within_halo":
+        return plain and max(left, right) <= h
+    if scope == "causal_or_centred":
+        return (length % (16 // elem_size) == 0 and batch <= 65535 and length <= 2**30
+                and ((left, right) == (h, 0) or ((left, right) == (h // 2, h - h // 2) and plain)))
+    return scope == "any"
+
+
 def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction="fwd", activation=None) -> str:
     """Name of the kernel depthwise_conv1d would run for these arguments (its backward, for direction bwd);
     the same choice as the C++ dispatcher makes. A tuned kernel is chosen only for the problem it was tuned
@@ -620,10 +664,16 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     if name is not None and direction == "bwd":  # a tuned backward that cannot take x: the scalar one, as C++ does
         return generic
     # no tuned kernel, or a forward one that cannot take this x (a lane kernel and an x off a 16-byte boundary):
-    # the fast generic kernel, which peels a misaligned head over (B, C, L); where there is none, a tuned kernel
-    # of the same signature lent for paddings up to the halo a side
+    # the fast generic kernel (the one chosen for calls padded within the halo without an activation first, where
+    # there is one), which peels a misaligned head over (B, C, L); where there is none, a tuned kernel of the same
+    # signature lent for paddings up to the halo a side
     if _has_fast_generic(k, stride, dilation):
-        other = (t.fast if direction == "fwd" else t.fast_bwd).get(f"{dtype}_{layout}_k{k}")
+        key = f"{dtype}_{layout}_k{k}"
+        for narrow in (t.fast_narrow if direction == "fwd" else t.fast_bwd_narrow).get(key, []):
+            if _admits(_scope(t, narrow), k, left, right, activation, x.shape[0], x.shape[2], x.element_size()) \
+                    and takes_x(narrow):
+                return narrow
+        other = (t.fast if direction == "fwd" else t.fast_bwd).get(key)
     elif max(left, right) <= (k - 1) * dilation:
         other = (t.lent if direction == "fwd" else t.lent_bwd).get(_signature(dict(
             kernel_size=k, stride=stride, dilation=dilation, dtype=dtype, layout=layout, activation=activation or "none")))

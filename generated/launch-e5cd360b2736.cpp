@@ -759,13 +759,16 @@ struct Choice {
     int32_t align = 1;             // bytes x (and grad_out) must be aligned to
     int32_t channel_multiple = 1;  // C must be a multiple of it
     bool peels = false;            // reads from the vector boundary before a misaligned x
+    int32_t scope = 0;             // a fast generic kernel's calls: 0 all, else those admits() takes
 };
 
 constexpr int MAX_K = 16;  // the fast generic kernels cover K 1..MAX_K
+constexpr int MAX_NARROW = 2;  // fast generic kernels a key chosen beside its kernel for some calls
 struct Tables {
     bool installed = false;
     std::unordered_map<std::string, Choice> tuned[2];  // [direction] problem key (tuned_key) -> kernel
     Choice fast[2][3][2][MAX_K + 1];                    // [direction][dtype][layout][K]
+    Choice fast_narrow[2][3][2][MAX_K + 1][MAX_NARROW];  // the same, for the calls their scope admits, in order
     std::unordered_map<std::string, Choice> lent[2];   // [direction] signature (lent_key) -> a tuned kernel
 };
 constexpr int MAX_DEVICES = 64;
@@ -817,8 +820,8 @@ Choice choice_of(const std::vector<int64_t>& row, size_t at) {
 
 // Installed by the Python side after its manifest checks. tuned rows: direction (0 forward, 1 backward), B,
 // C, L, K, S, pad_left, pad_right, D, dtype, bias, layout, activation, then the choice (index, align, channel
-// multiple, peels); fast rows: direction, dtype, layout, K, then the choice; lent rows: direction, K, S, D, dtype,
-// layout, activation, then the choice.
+// multiple, peels); fast rows: direction, dtype, layout, K, rank (0 the kernel for every call, 1.. the narrow
+// ones in order), scope, then the choice; lent rows: direction, K, S, D, dtype, layout, activation, then the choice.
 void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
              const std::vector<std::vector<int64_t>>& fast, const std::vector<std::vector<int64_t>>& lent) {
     DWGEN_CHECK(Error, device >= 0 && device < MAX_DEVICES, "dwgen: device ", device, " is past the ", MAX_DEVICES, " supported");
@@ -835,11 +838,13 @@ void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
                                 static_cast<int>(r[11]), r[12])] = c;
     }
     for (const auto& r : fast) {
-        DWGEN_CHECK(Error, r.size() == 8 && r[0] >= 0 && r[0] < 2 && r[1] >= 0 && r[1] < 3 && r[2] >= 0 && r[2] < 2 &&
-                        r[3] >= 1 && r[3] <= MAX_K, "dwgen: a bad fast table row");
-        const Choice c = choice_of(r, 4);
+        DWGEN_CHECK(Error, r.size() == 10 && r[0] >= 0 && r[0] < 2 && r[1] >= 0 && r[1] < 3 && r[2] >= 0 && r[2] < 2 &&
+                        r[3] >= 1 && r[3] <= MAX_K && r[4] >= 0 && r[4] <= MAX_NARROW && r[5] >= 0 && r[5] <= 2,
+                    "dwgen: a bad fast table row");
+        Choice c = choice_of(r, 6);
+        c.scope = static_cast<int32_t>(r[5]);
         DWGEN_CHECK(Error, (r[0] == 0) == (KERNELS[c.index].fwd != nullptr), "dwgen: kernel ", c.index, " has the wrong direction");
-        t.fast[r[0]][r[1]][r[2]][r[3]] = c;
+        (r[4] == 0 ? t.fast[r[0]][r[1]][r[2]][r[3]] : t.fast_narrow[r[0]][r[1]][r[2]][r[3]][r[4] - 1]) = c;
     }
     for (const auto& r : lent) {
         DWGEN_CHECK(Error, r.size() == 11 && (r[0] == 0 || r[0] == 1) && r[1] >= 1 && r[2] >= 1 && r[3] >= 1 &&
@@ -916,6 +921,30 @@ bool fits(const Choice& c, const at::Tensor& x, const at::Tensor* gy, int64_t Lo
     return gy == nullptr || reinterpret_cast<uintptr_t>(gy->data_ptr()) % c.align == 0;
 }
 
+// Whether a fast generic kernel's scope takes a call at stride and dilation 1 (frozen_dispatch._admits): 1, no
+// activation and padding up to the halo a side (the split backward); 2, causal, or centred without an
+// activation, on rows of whole 16-byte vectors (the lane backward).
+bool admits(const Choice& c, int64_t K, int64_t pl, int64_t pr, int64_t act, const at::Tensor& x) {
+    const int64_t h = K - 1;
+    switch (c.scope) {
+        case 1: return act == 0 && std::max(pl, pr) <= h;
+        case 2: return x.size(2) % (16 / x.element_size()) == 0 && x.size(0) <= 65535 && x.size(2) <= (1 << 30) &&
+                       ((pl == h && pr == 0) || (pl == h / 2 && pr == h - h / 2 && act == 0));
+        default: return c.scope == 0;
+    }
+}
+
+// The first of the fast generic kernels chosen beside a key's for some calls (the narrowest scope first) that
+// takes this call, else none.
+Choice narrow_choice(const Tables& t, int direction, const at::Tensor& x, const at::Tensor* gy, int64_t K, int64_t S,
+                     int64_t pl, int64_t pr, int64_t D, int dt, int layout, int64_t act, int64_t Lout) {
+    if (S != 1 || D != 1 || K > MAX_K) return Choice{};
+    for (const Choice& c : t.fast_narrow[direction][dt][layout][K]) {
+        if (c.index >= 0 && admits(c, K, pl, pr, act, x) && fits(c, x, gy, Lout)) return c;
+    }
+    return Choice{};
+}
+
 const Tables& tables_for(const at::Tensor& x) {
     const int64_t d = x.get_device();
     static const Tables none;
@@ -930,21 +959,27 @@ Choice choose_fwd(const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t 
     const Choice c = tuned_choice(t.tuned[0], x, K, S, pl, pr, D, dt, bias, layout, act);
     if (fits(c, x, nullptr, Lout)) return c;
     // no tuned kernel, or one that cannot take this x (a lane kernel and an x off a 16-byte boundary): the fast
-    // generic kernel, which peels a misaligned head over (B, C, L), or a lent one
+    // generic kernel (a narrow one first where its scope takes the call), which peels a misaligned head over
+    // (B, C, L), or a lent one
+    const Choice h = narrow_choice(t, 0, x, nullptr, K, S, pl, pr, D, dt, layout, act, Lout);
+    if (h.index >= 0) return h;
     const Choice f = untuned_choice(t, 0, K, S, pl, pr, D, dt, layout, act);
     return fits(f, x, nullptr, Lout) ? f : Choice{};
 }
 
 // The backward of a tuned problem (tune.py --direction bwd) runs its tuned kernel, else stride 1 and dilation
-// 1 run the fused kernel of the dtype, layout and K up to MAX_K, past it a lent one; grad_out must have x's
-// layout and alignment too.
+// 1 run the fast generic kernel of the dtype, layout and K up to MAX_K (a narrow one first where its scope takes
+// the call), past it a lent one; grad_out must have x's layout and alignment too.
 Choice choose_bwd(const at::Tensor& gy, const at::Tensor& x, int64_t K, bool bias, int64_t S, int64_t pl, int64_t pr,
                   int64_t D, int layout, int64_t Lout, int64_t act) {
     if (layout < 0 || layout_of(gy) != layout) return Choice{};
     const Tables& t = tables_for(x);
     const int dt = dtype_index(x.scalar_type());
     Choice c = tuned_choice(t.tuned[1], x, K, S, pl, pr, D, dt, bias, layout, act);
-    if (c.index < 0) c = untuned_choice(t, 1, K, S, pl, pr, D, dt, layout, act);
+    if (c.index < 0) {
+        const Choice h = narrow_choice(t, 1, x, &gy, K, S, pl, pr, D, dt, layout, act, Lout);
+        c = h.index >= 0 ? h : untuned_choice(t, 1, K, S, pl, pr, D, dt, layout, act);
+    }
     return fits(c, x, &gy, Lout) ? c : Choice{};
 }
 

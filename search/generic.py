@@ -1,7 +1,8 @@
 """python -m search.generic: choose, by measurement, the fast generic kernel of each (dtype, layout, K).
 
 Most users never tune their shape; the frozen module then runs one generic kernel per (dtype, layout, K)
-(stride 1, dilation 1, any length, padding and bias) in each direction (--direction bwd: the backward's). For
+(stride 1, dilation 1, any length, padding and bias) in each direction (--direction bwd: the backward's), and
+beside it, where a narrower design measured faster (the split backward), one for the calls that design takes. For
 each, this checks and times a few candidate designs on training shapes (chosen apart from
 benchmarks/untuned.txt, which stays a held-out test), keeps the design with the best geometric mean of x copy
 (a tensor-core one only by a margin: TC_MARGIN), and freezes the choices into generated/ (its manifest records
@@ -20,14 +21,18 @@ from pathlib import Path
 
 from dwgen import cli
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, bwd, tc
+from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, tc
 from dwgen.problem import LAYOUTS, Problem
 from dwgen.space import (
     DIRECTIONS,
     GENERIC_KERNEL_SIZES,
+    GENERIC_SCOPES,
     Variant,
     generic_choice_key,
+    family_of_config,
     generic_problem,
+    scope_admits,
+    scope_stand_in,
     violations,
 )
 
@@ -60,10 +65,14 @@ def candidates(dtype: str, layout: str, direction: str = "fwd") -> list:
 
 
 def bwd_candidates(dtype: str, layout: str) -> list:
-    """The fused backward's designs (the one family whose launch takes any sizes and padding) that the suite's
-    backward tunes chose or measured near (docs/perf-notes.md): windows staged as stored (raw; rawp for 16-bit)
-    and tiles walked along a row, and over (B, L, C) the cp.async stage; candidate_variants adds the family's
-    first design (the fast generic backward before any measurement)."""
+    """The fused backward's designs (the family whose launch takes every problem of a signature) that the
+    suite's backward tunes chose or measured near (docs/perf-notes.md): windows staged as stored (raw; rawp for
+    16-bit) and tiles walked along a row, and over (B, L, C) the cp.async stage; candidate_variants adds the
+    family's first design (the fast generic backward before any measurement). Over (B, C, L) the lane
+    backward's designs too (causal and centred calls on rows of whole vectors, K <= 9 at 8-position runs), and
+    for 16-bit from K10 (bwdtc.MIN_TAPS) the split backward's (padding up to the halo, no SiLU): where one of
+    these narrower designs wins on its scope's shapes it is chosen beside the best fused design (decide), not
+    instead of it."""
     if layout == "blc":
         return [bwd.Config(threads=256, outs=16, tc=64), bwd.Config(threads=256, outs=8, tc=64),
                 bwd.Config(threads=128, outs=16, tc=64, stage="async", tiles=4),
@@ -73,16 +82,45 @@ def bwd_candidates(dtype: str, layout: str) -> list:
     designs = [bwd.Config(threads=128, outs=8, stage="raw", tiles=4), bwd.Config(threads=128, outs=8, stage="raw"),
                bwd.Config(threads=128, outs=8, stage="raw", regs=56),
                bwd.Config(threads=256, outs=8, stage="raw", tiles=2)]
+    # the suite's lane backward winners (sixteenth and twenty-sixth sessions): the Mamba SiLU backward's
+    # t64_o8_n2_h2 and t128_o8_n4_h2, bf16 K7's t128_o8_n2, the bf16 target's t256_o8_ahead_h2, fp32 K7's
+    # t128_o8_n2_ahead (bwdlane.KNOWN_GOOD)
+    designs += [bwdlane.Config(threads=64, outs=8, rows=2, halves=2), bwdlane.Config(threads=128, outs=8, rows=4, halves=2),
+                bwdlane.Config(threads=128, outs=8, rows=2), bwdlane.Config(threads=256, outs=8, ahead=True, halves=2),
+                bwdlane.Config(threads=128, outs=8, rows=2, ahead=True)]
     if DTYPES[dtype].bytes < 4:
         designs += [bwd.Config(threads=128, outs=8, stage="rawp", tiles=4),
                     bwd.Config(threads=128, outs=16, stage="rawp", tiles=2)]
+        # fp16 K31's tunes (thirteenth and eighteenth sessions): the weight gradient on tensor cores in 64-thread
+        # blocks of 16-position runs walking 4 tiles (16 measured 5% faster there, but the stand-in's 4096
+        # positions make 4 tiles a row, so the walk stops at 4 anyway), grad_x as the generic tensor-core forward
+        # of K10-16 (w2_n2) or the fp16 K31 forward (w2_n4); and 128-thread blocks of 8-position runs
+        designs += [bwdtc.Config(threads=64, run=16, span=4, wgrad="mma", warps=2, nt=2, tile=1024),
+                    bwdtc.Config(threads=64, run=16, span=4, wgrad="mma", warps=2, nt=4, tile=1024),
+                    bwdtc.Config(threads=128, run=8, span=4, wgrad="mma", warps=2, nt=4, tile=1024)]
     return designs
 
 
-def training_problems(k: int, dtype: str, layout: str) -> list[Problem]:
-    """Two large shapes per K, odd and even lengths, none of them in the benchmark's untuned suite."""
-    return [Problem(8, 1024, 4000, k, 1, (k - 1) // 2, dtype=dtype, layout=layout),
-            Problem(2, 2048, 12289, k, 1, k // 2, dtype=dtype, bias=True, layout=layout)]
+def training_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -> list[Problem]:
+    """Two large shapes per K, odd and even lengths, none of them in the benchmark's untuned suite; for the
+    (B, C, L) backward, whose lane candidates serve causal and centred calls on rows of whole vectors only, two
+    more of that scope (scope_problems)."""
+    return list(dict.fromkeys(p for ps in scope_problems(k, dtype, layout, direction).values() for p in ps))
+
+
+def scope_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -> dict[str, list[Problem]]:
+    """The training shapes each scope's choice is made on: "any" (every candidate whose scope is any is measured
+    on them), within_halo (the same two: both padded within the halo, without an activation) and, for the
+    (B, C, L) backward, causal_or_centred (a causal and a centred shape of whole vectors)."""
+    h = k - 1
+    shapes = {"any": [Problem(8, 1024, 4000, k, 1, (k - 1) // 2, dtype=dtype, layout=layout),
+                      Problem(2, 2048, 12289, k, 1, k // 2, dtype=dtype, bias=True, layout=layout)]}
+    shapes["within_halo"] = [p for p in shapes["any"] if scope_admits("within_halo", p)]
+    if direction == "bwd" and layout == "bcl":
+        shapes["causal_or_centred"] = [
+            Problem(8, 1024, 4000, k, 1, h, dtype=dtype, layout=layout, padding_right=0),
+            Problem(2, 2048, 12288, k, 1, h // 2, dtype=dtype, bias=True, layout=layout, padding_right=h - h // 2)]
+    return shapes
 
 
 def candidate_variants(k: int, dtype: str, layout: str, direction: str = "fwd") -> list[Variant]:
@@ -92,7 +130,12 @@ def candidate_variants(k: int, dtype: str, layout: str, direction: str = "fwd") 
     designs = candidates(dtype, layout, direction)
     if direction == "bwd" and (first := bwd.generic_config(stand_in)) not in designs:
         designs.append(first)
-    return [Variant(stand_in, c, direction) for c in designs if not violations(stand_in, c, direction)]
+    out = []
+    for c in designs:  # a narrower family's design on a stand-in of its scope (scope_stand_in)
+        q = scope_stand_in(stand_in, family_of_config(stand_in, c, direction).generic_scope)
+        if not violations(q, c, direction):
+            out.append(Variant(q, c, direction))
+    return out
 
 
 def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40, direction: str = "fwd") -> dict:
@@ -105,12 +148,14 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40, 
     builds = build(variants)
     scores: dict[str, dict[str, float]] = {v.name: {} for v in variants}
     machine: dict = {}
-    for p in training_problems(k, dtype, layout):
+    for p in training_problems(k, dtype, layout, direction):
         worker = (BwdGpuWorker if direction == "bwd" else GpuWorker)(p)
+        serves = [scope_admits(v.family.generic_scope, p) for v in variants]  # each on the shapes it serves
+        here = [v for v, s in zip(variants, serves, strict=True) if s]
         try:
             machine = machine or worker.machine()
             passed = []
-            for r, cand in check_each(worker, variants, builds):
+            for r, cand in check_each(worker, here, [b for b, s in zip(builds, serves, strict=True) if s]):
                 if cand is not None:
                     passed.append(cand)
                 else:
@@ -119,7 +164,7 @@ def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40, 
             times = worker.retime([c for c in passed if c.variant.name in scores], rounds)
         finally:
             worker.close()
-        for name in list(scores):
+        for name in [v.name for v in here if v.name in scores]:
             scores[name][p.key] = times[name] / times["copy_"]
     if not scores:
         key = generic_choice_key(generic_problem(k, dtype, layout), direction)
@@ -145,25 +190,78 @@ def pick(geomeans: dict[str, float], tensor_core: set[str]) -> str:
     return best if geomeans[best] < (1 - TC_MARGIN) * geomeans[runner_up] else runner_up
 
 
+# The families whose non-finite handling TC_MARGIN weighs (frozen_dispatch.TC_FAMILIES, which generated/ holds
+# without this package): the tensor-core forward, and the split backward that runs it for grad_x.
+TENSOR_CORE_FAMILIES = (tc.FAMILY_NAME, "dw1d_bwdtc")
+
+
 def decide(k: int, dtype: str, layout: str, scores: dict[str, dict[str, float]], machine: dict, log=print,
            direction: str = "fwd") -> dict:
-    """The record of one (dtype, layout, K)'s choice from its candidates' x copy on each training shape."""
+    """The record of one (dtype, layout, K)'s choice from its candidates' x copy on each training shape: the
+    best design of scope "any" (it takes every call of the key) on the "any" shapes; then under narrow, narrowest
+    scope first, each narrower scope's design that beats it on every shape the scope takes (narrow_choice): the
+    lane backward for causal and centred calls, the split backward within the halo (no key has both: K9 and
+    bwdtc.MIN_TAPS). The dispatcher runs those for the calls they admit."""
     variants = {v.name: v for v in candidate_variants(k, dtype, layout, direction)}
-    geo = {n: math.exp(sum(map(math.log, xs.values())) / len(xs)) for n, xs in scores.items()}
-    for n in sorted(geo, key=geo.get):
-        log(f"  {n:44s} " + " ".join(f"{x:.3f}" for x in scores[n].values()) + f"  geomean {geo[n]:.3f}x copy")
-    best = pick(geo, {n for n in geo if variants[n].family.name == tc.FAMILY_NAME})
+    shapes = {s: [p.key for p in ps] for s, ps in scope_problems(k, dtype, layout, direction).items()}
+    tensor_core = {n for n in scores if variants[n].family.name in TENSOR_CORE_FAMILIES}
+
+    for n in sorted(scores):
+        log(f"  {n:44s} " + " ".join(f"{key} {x:.3f}" for key, x in scores[n].items()))
+    keys = shapes["any"]
+    geo = {n: math.exp(sum(math.log(xs[key]) for key in keys) / len(keys)) for n, xs in scores.items()
+           if variants[n].family.generic_scope == "any" and all(key in xs for key in keys)}
+    if not geo:
+        raise RuntimeError(f"no generic candidate that takes every call of "
+                           f"{generic_choice_key(generic_problem(k, dtype, layout), direction)} passed its check")
+    best = pick(geo, tensor_core & set(geo))
     if best != min(geo, key=geo.get):
         log(f"  {min(geo, key=geo.get)} wins by less than {TC_MARGIN:.0%}: {best} is chosen")
-    return {"kernel": best, "config": variants[best].config_dict, "x_copy": scores[best],
-            "geomean_x_copy": geo[best], "machine": machine, "candidates": scores}
+    log(f"  {best} is chosen for every call ({geo[best]:.3f}x copy on {', '.join(keys)})")
+    record = {"kernel": best, "config": variants[best].config_dict, "x_copy": {key: scores[best][key] for key in keys},
+              "geomean_x_copy": geo[best], "machine": machine, "candidates": scores}
+    narrow = [n for n in (narrow_choice(scope, variants, scores, shapes, tensor_core, log) for scope in GENERIC_SCOPES)
+              if n is not None]
+    if narrow:
+        record["narrow"] = narrow
+    return record
+
+
+def narrow_choice(scope: str, variants: dict, scores: dict[str, dict[str, float]], shapes: dict[str, list[str]],
+                  tensor_core: set[str], log=print) -> dict | None:
+    """A scope's best design (the lowest geometric mean over every training shape its scope takes), recorded
+    only where it beats the best design of scope "any" (by TC_MARGIN for a tensor-core one) on each group of
+    those shapes: it will serve all of them (the split backward takes the causal and centred shapes as well as
+    the two every design is measured on)."""
+    mine = [n for n in scores if variants[n].family.generic_scope == scope]
+    if not mine:
+        return None
+    # the shapes of each group it was measured on (every design of a scope on the same ones: a failed check drops
+    # a candidate whole); at odd K the lane backward takes the first "any" shape (centred, whole vectors) too
+    served = list(dict.fromkeys(g for keys in shapes.values() if (g := tuple(k for k in keys if k in scores[mine[0]]))))
+    keys = list(dict.fromkeys(key for g in served for key in g))
+
+    def geo(n: str, ks) -> float:
+        return math.exp(sum(math.log(scores[n][key]) for key in ks) / len(ks))
+
+    best = min(mine, key=lambda n: geo(n, keys))
+    for g in served:
+        rivals = {n: geo(n, g) for n in scores if variants[n].family.generic_scope == "any"
+                  and all(key in scores[n] for key in g)}
+        if pick({**rivals, best: geo(best, g)}, tensor_core & ({best} | set(rivals))) != best:
+            log(f"  {best} ({scope}) is not chosen: on {', '.join(g)} it reads {geo(best, g):.3f}x copy against "
+                f"{min(rivals.values()):.3f}x")
+            return None
+    log(f"  {best} is chosen beside the fused design for the {scope} calls it takes ({geo(best, keys):.3f}x copy)")
+    return {"scope": scope, "kernel": best, "config": variants[best].config_dict,
+            "x_copy": {key: scores[best][key] for key in keys}, "geomean_x_copy": geo(best, keys)}
 
 
 def record_path(runs: Path, k: int, dtype: str, layout: str, direction: str = "fwd") -> Path:
     """Where one (dtype, layout, K)'s measured choice is kept, named by the digests of the candidates it
     weighed: a changed template or candidate list names a new file, so an old measurement is never reused."""
     digests = sorted(v.digest for v in candidate_variants(k, dtype, layout, direction))
-    tag = hashlib.sha256(json.dumps([digests, [p.key for p in training_problems(k, dtype, layout)]]).encode())
+    tag = hashlib.sha256(json.dumps([digests, [p.key for p in training_problems(k, dtype, layout, direction)]]).encode())
     key = generic_choice_key(generic_problem(k, dtype, layout), direction)
     return runs / "generic" / f"{key}-{tag.hexdigest()[:12]}.json"
 
@@ -236,7 +334,7 @@ def main(argv: list[str]) -> int:
                 for k in ks:
                     key = generic_choice_key(generic_problem(k, dtype, layout), a.direction)
                     print(f"{key}: candidates on "
-                          f"{', '.join(p.key for p in training_problems(k, dtype, layout))}", flush=True)
+                          f"{', '.join(p.key for p in training_problems(k, dtype, layout, a.direction))}", flush=True)
                     chosen[key] = choose_or_reuse(k, dtype, layout, build, Path("runs"), direction=a.direction)
                 # Frozen (through the gate) after every (dtype, layout); runs/generic/ keeps each K in between.
                 if not a.freeze_once:

@@ -261,15 +261,17 @@ def test_paddings_past_the_halo_match_float64_on_cpu(p, c, tmp_path):
         outcome = run_on_cpu(exe, p, act, seed=3, tmp=tmp_path)
         assert outcome.ok, f"{v.name} on {p.key}: {outcome.message}"
 
-# search.generic's backward candidates (the fused family's raw, rawp, register-capped, row-walking and, over
-# (B, L, C), cp.async designs), every one at a short and a long K, each built as the freeze builds a fast generic
-# kernel and run where the dispatcher may send one: paddings past the halo on both sides, and causal, at lengths
-# that leave a partial last tile.
+# search.generic's backward candidates that take every problem of their signature (the fused family's raw, rawp,
+# register-capped, row-walking and, over (B, L, C), cp.async designs), every one at a short and a long K, each
+# built as the freeze builds a fast generic kernel and run where the dispatcher may send one: paddings past the
+# halo on both sides, and causal, at lengths that leave a partial last tile. (The lane and split backwards'
+# candidates serve some calls only: tests/test_causal_families.py and tests/test_bwdtc.py run them.)
 def _generic_backward_candidates() -> list[tuple]:
     from search.generic import candidate_variants
 
     return [(k, dtype, layout, v.config) for layout in ("bcl", "blc") for dtype in ("fp32", "bf16")
-            for k in (4, 13) for v in candidate_variants(k, dtype, layout, "bwd")]
+            for k in (4, 13) for v in candidate_variants(k, dtype, layout, "bwd")
+            if v.family.generic_scope == "any"]
 
 
 GENERIC_CANDIDATES = _generic_backward_candidates()
@@ -288,6 +290,37 @@ def test_generic_backward_candidates_take_any_padding_on_cpu(k, dtype, layout, c
         for act in (ACTIVATIONS.index(a) for a in v.family.activations(q)):
             outcome = run_on_cpu(exe, q, act, seed=5, tmp=tmp_path)
             assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"
+
+
+# search.generic's lane backward candidates, built as the freeze builds a narrow fast generic kernel (on its scope's
+# stand-in: sizes and padding are run-time) and run where the dispatcher may send one: causal calls, plain and
+# with SiLU, and centred ones, on batches that are not whole walks and rows of whole vectors from one vector to
+# past a chunk.
+def _generic_lane_candidates() -> list[tuple]:
+    from search.generic import candidate_variants
+
+    return [(k, dtype, v.config) for dtype in ("fp32", "bf16") for k in (4, 9)
+            for v in candidate_variants(k, dtype, "bcl", "bwd") if v.family.name == "dw1d_bwdlane"]
+
+
+GENERIC_LANE = _generic_lane_candidates()
+
+
+@pytest.mark.parametrize("k,dtype,c", GENERIC_LANE, ids=[f"{d}_k{k}_{'_'.join(bwdlane.name_tokens(c))}"
+                                                         for k, d, c in GENERIC_LANE])
+def test_generic_lane_candidates_take_any_causal_or_centred_call_on_cpu(k, dtype, c, tmp_path):
+    from dwgen.space import generic_problem, scope_admits, scope_stand_in
+
+    v = Variant(scope_stand_in(generic_problem(k, dtype), "causal_or_centred"), c, "bwd")
+    exe = build(v, tmp_path, MAIN)
+    vec, h = 16 // v.problem.elem_bytes, k - 1
+    for b, ch, length in ((1, 3, vec), (3, 2, 37 * vec), (5, 2, 300 * vec)):
+        for left, right in ((h, 0), (h // 2, h - h // 2)):
+            q = Problem(b, ch, length, k, 1, left, 1, dtype, padding_right=right, bias=b % 2 == 1)
+            assert scope_admits("causal_or_centred", q)
+            for act in (ACTIVATIONS.index(a) for a in v.family.activations(q)):
+                outcome = run_on_cpu(exe, q, act, seed=length % 7, tmp=tmp_path)
+                assert outcome.ok, f"{v.name} on {q.key} (activation {act}): {outcome.message}"
 
 
 # x = 1 but an Inf at each row's first or last position, grad_out = 1, w = 1, K4, fp32: weight gradient tap k

@@ -32,7 +32,10 @@ def split_variants(p: Problem) -> list[Variant]:
     (replace(CONFORMER, dtype="fp32"), False),  # no fp32 tensor-core forward
     (replace(CONFORMER, layout="blc"), False),
     (replace(CONFORMER, activation="silu", padding=30, padding_right=0), False),
-    (replace(CONFORMER, kernel_size=7, padding=3), False),  # short filters: the fused family's
+    (replace(CONFORMER, kernel_size=7, padding=3), False),  # short filters: the fused and lane families'
+    (replace(CONFORMER, kernel_size=9, padding=4, padding_right=4), False),  # the lane backward's, as generic kernels
+    (replace(CONFORMER, kernel_size=10, padding=5, padding_right=4), True),  # from MIN_TAPS: a measurement decides
+    (replace(CONFORMER, kernel_size=15, padding=7, padding_right=7, dtype="bf16"), True),
     (replace(CONFORMER, padding=31, padding_right=31), False),  # grad_x's padding would be negative
     (replace(CONFORMER, stride=2), False),
 ])
@@ -190,6 +193,18 @@ CASES += [
                                                             tile=512)),
     (Problem(3, 2, 1100, 16, 1, 15, 1, "bf16", padding_right=0, bias=True),
      bwdtc.Config(threads=64, run=16, span=2, wgrad="mma", warps=2, nt=1, tile=512)),
+]
+# the fast generic backward's reach from MIN_TAPS (two and three 16-wide chunks of the product): K10 with
+# even-filter padding and on rows that are not whole vectors, K15 in bf16 with bias, causal K12
+CASES += [
+    (Problem(2, 3, 700, 10, 1, 5, 1, "fp16", padding_right=4),
+     bwdtc.Config(threads=64, run=8, span=2, wgrad="mma", warps=2, nt=1, tile=512)),
+    (Problem(3, 2, 1027, 10, 1, 4, 1, "fp16"), bwdtc.Config(threads=64, run=8, span=4, wgrad="mma", warps=2, nt=1,
+                                                             tile=512)),
+    (Problem(2, 2, 2100, 15, 1, 7, 1, "bf16", bias=True),
+     bwdtc.Config(threads=64, run=16, span=1, wgrad="mma", warps=2, nt=2, tile=1024)),
+    (Problem(2, 3, 1300, 12, 1, 11, 1, "fp16", padding_right=0),
+     bwdtc.Config(threads=128, run=8, span=1, wgrad="mma", warps=2, nt=1, tile=512)),
 ]
 
 

@@ -330,6 +330,74 @@ def test_the_launcher_keys_tuned_rows_by_both_paddings_and_the_activation():
     assert text.count("Lout, act);") == 2  # both choose_fwd and choose_bwd are asked with the activation
 
 
+def freeze_with_narrow_designs(out) -> tuple[dict, dict, Variant, Variant]:
+    """The committed generic choices with two narrow designs measured beside fused ones (the lane backward at fp16
+    K8, the split backward at fp16 K15), frozen into out: the manifest, the fused designs by K, the lane and split
+    designs, each built as the freeze builds it (on a stand-in of its scope)."""
+    from dwgen.families import bwd, bwdlane, bwdtc
+    from dwgen.space import generic_problem, scope_stand_in
+
+    def design(k, config, scope="any"):
+        return Variant(scope_stand_in(generic_problem(k, "fp16"), scope), config, "bwd")
+
+    fused = {k: design(k, bwd.Config(threads=128, outs=8, stage="raw", tiles=4)) for k in (8, 15)}
+    lane = design(8, bwdlane.Config(threads=128, outs=8, rows=2), "causal_or_centred")
+    split = design(15, bwdtc.Config(threads=64, run=16, span=4, wgrad="mma", warps=2, nt=2, tile=1024))
+    chosen = {f"fp16_bcl_k{k}_bwd": {"config": fused[k].config_dict, "kernel": fused[k].name, "geomean_x_copy": 2.5,
+                                     "narrow": [{"scope": s, "config": v.config_dict, "kernel": v.name}]}
+              for k, s, v in ((8, "causal_or_centred", lane), (15, "within_halo", split))}
+    committed = freeze.read_manifest(freeze.DEFAULT_DIR)["generic"]["chosen"]
+    return freeze.freeze([], out, log=lambda s: None, generic=committed | chosen), fused, lane, split
+
+
+def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_scopes(tmp_path, monkeypatch):
+    """search.generic's narrow designs (the lane backward for causal and centred calls at K8, the split backward
+    within the halo at K15) go to the narrow table, for their K and the K that take their design from the same
+    measurement; the fused design keeps the fast table; the dispatcher runs a narrow kernel only for calls its
+    scope takes and an x it takes, else the fused one."""
+    import torch
+
+    m, fused, lane, split = freeze_with_narrow_designs(tmp_path)
+    before = freeze.read_manifest(freeze.DEFAULT_DIR)
+    assert m["generic"]["fast_bwd"]["fp16_bcl_k8"] == fused[8].name
+    narrow = m["generic"]["fast_bwd_narrow"]
+    # K9 takes K8's measurement (the lane design fits: a halo of 8 within its 8-position runs), K10 and K11 too
+    # (the lane design does not fit them: none), K12-16 K15's
+    assert narrow == {"fp16_bcl_k8": [lane.name], "fp16_bcl_k9": [lane.name.replace("_k8_", "_k9_")],
+                      **{f"fp16_bcl_k{k}": [split.name.replace("_k15_", f"_k{k}_")] for k in range(12, 17)}}
+    assert m["generic"]["fast_narrow"] == {} and m["generic"]["fast"] == before["generic"]["fast"]
+    assert freeze.stale_entries(tmp_path) == []
+    mod = load_frozen(tmp_path, "dwgen_frozen_narrow")
+    t = mod._trusted(m, tmp_path, "9.0")
+    assert t.fast_bwd_narrow == narrow and not t.warnings
+    _, fast, _ = mod._table_rows(t)
+    assert all(len(r) == 10 for r in fast)
+    assert sorted(r[4:6] for r in fast if r[4] > 0) == [[1, 1]] * 5 + [[1, 2]] * 2  # rank, scope number
+    # without tensor cores the split kernels are left out; the lane ones stay
+    assert mod._trusted(m, tmp_path, "9.0", tensor_cores=False).fast_bwd_narrow == {
+        key: names for key, names in narrow.items() if key in ("fp16_bcl_k8", "fp16_bcl_k9")}
+
+    def on_any_device(x, weight, bias, stride, padding, dilation, activation):  # the rule, without a GPU
+        left, right = mod._paddings(padding, weight.shape[2], stride, dilation)
+        return left, right, mod._output_length(x, weight.shape[2], left, right, stride, dilation, padding)
+
+    monkeypatch.setattr(mod, "_validate", on_any_device)
+    monkeypatch.setattr(mod, "tables", lambda device=None: t)
+
+    def choice(k, padding, activation=None, length=1000, offset=0):
+        x = torch.zeros(2 * 8 * length + 8, dtype=torch.float16)[offset:offset + 2 * 8 * length].view(2, 8, length)
+        w = torch.zeros(8, 1, k, dtype=torch.float16)
+        return mod.kernel_for(x, w, None, 1, padding, 1, direction="bwd", activation=activation)
+
+    assert choice(8, "causal") == choice(8, "causal", "silu") == choice(8, "same") == lane.name  # centred (3, 4)
+    assert choice(8, "same", "silu") == choice(8, 3) == choice(8, "causal", length=1001) == fused[8].name
+    assert choice(15, 7) == choice(15, 14) == choice(15, "causal") == choice(15, "causal", length=1001) == split.name
+    assert choice(15, 7, "silu") == choice(15, 15) == fused[15].name  # SiLU; past the halo
+    # an x off a 16-byte boundary (both stage 16-byte vectors): what runs it without narrow designs
+    assert choice(8, "causal", offset=1) == choice(8, 8, offset=1) != lane.name
+    assert choice(15, 7, offset=1) == choice(15, 15, offset=1) != split.name
+
+
 def test_only_kernels_whose_launch_peels_the_head_are_recorded_as_taking_a_misaligned_x(tmp_path):
     """The dispatcher sends a misaligned x to a tuned kernel only when its record says the launch peels the head:
     the window and tensor-core forwards do, the lane forward (16-byte aligned runs) and the (B, L, C) ones do not."""
@@ -404,8 +472,44 @@ def test_the_launcher_and_the_python_dispatch_agree_on_the_fast_kernels_reach_an
     assert fast_ks == list(range(1, frozen_dispatch.FAST_MAX_K + 1))
     assert "if (S == 1 && D == 1 && K <= MAX_K) return t.fast[direction][dt][layout][K];" in text
     assert "if (std::max(pl, pr) > (K - 1) * D) return Choice{};" in text
+    # the narrow kernels' scopes (kernel_for's _admits): within the halo without an activation; causal, or centred
+    # without an activation, on rows of whole vectors
+    assert "case 1: return act == 0 && std::max(pl, pr) <= h;" in text
+    assert "case 2: return x.size(2) % (16 / x.element_size()) == 0 && x.size(0) <= 65535 && x.size(2) <= (1 << 30) &&" \
+        in text
+    assert "((pl == h && pr == 0) || (pl == h / 2 && pr == h - h / 2 && act == 0));" in text
+    assert frozen_dispatch._SCOPES == ("any", "within_halo", "causal_or_centred")
     assert frozen_dispatch._SIGNATURE_FIELDS == ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
     assert "int64_t v[6] = {K, S, D, dtype, layout, act};" in text
+
+
+def test_the_python_dispatch_and_the_registry_agree_on_the_narrow_scopes():
+    """frozen_dispatch (torch only) restates which families serve some calls only as fast generic kernels and
+    which calls each scope takes; both must say what the registry and space.scope_admits say."""
+    import random
+
+    from dwgen import frozen_dispatch
+    from dwgen.space import FAMILIES, GENERIC_SCOPES, scope_admits
+
+    narrow = {f.name: f.generic_scope for fs in FAMILIES.values() for f in fs if f.generic_scope not in (None, "any")}
+    assert frozen_dispatch._NARROW_SCOPES == narrow
+    assert set(frozen_dispatch._SCOPES) == {"any", *GENERIC_SCOPES} and set(narrow.values()) <= set(GENERIC_SCOPES)
+    rng = random.Random(0)
+    for _ in range(3000):
+        k = rng.randint(1, 16)
+        h = k - 1
+        left = rng.choice([0, h // 2, h, h + 1, rng.randint(0, 20)])
+        right = rng.choice([0, h - left, h - h // 2, left, rng.randint(0, 20)])
+        length = rng.choice([8, 16, 1000, 1001, 4096, 4099, 2**30, 2**30 + 8]) + h
+        if length + left + right - h < 1 or right < 0:
+            continue
+        batch = rng.choice([1, 2, 65535, 65536]) if length < 2**20 else 1  # under 2**31 elements
+        p = Problem(batch, 1, length, k, 1, left, 1, rng.choice(["fp32", "fp16", "bf16"]), padding_right=right,
+                    activation=rng.choice(["none", "silu"]))
+        for scope in frozen_dispatch._SCOPES:
+            assert scope_admits(scope, p) == frozen_dispatch._admits(
+                scope, k, left, right, None if p.activation == "none" else p.activation, p.batch, p.length,
+                p.elem_bytes), (scope, p)
 
 
 def test_a_measured_backward_generic_design_is_frozen_as_the_fast_backward_and_dispatched(tmp_path):

@@ -1,5 +1,6 @@
-"""The gate's walk over the fast generic kernels with padding past their halo (the dispatcher sends any padding at
-stride and dilation 1 to them), on the committed module's tables, the op calls stood in for (no GPU here)."""
+"""The gate's walks over the fast generic kernels: with padding past their halo (the dispatcher sends any padding at
+stride and dilation 1 to them), on the committed module's tables, and the narrow ones in the calls of their scopes;
+the op calls stood in for (no GPU here)."""
 from __future__ import annotations
 
 import pytest
@@ -39,3 +40,43 @@ def test_a_wrong_dispatch_or_result_is_one_line_each(monkeypatch):
     assert len(failures) == 2 * 6 * 2  # K3 and K5, each dtype and layout, both directions
     assert all(f.endswith("(padding past the halo)") for f in failures)
     assert sum("dispatches to dw1d_any_f32, not the fast" in f for f in failures) == 12
+
+
+def test_each_narrow_fast_kernel_is_called_in_its_scope_causal_and_centred_plain_and_with_silu(tmp_path, monkeypatch):
+    """The gate's walk over the narrow fast generic kernels (frozen here beside the fused ones: the lane backward
+    at fp16 K8, the split one at fp16 K15), each call dispatched by the module's own rule on CPU tensors (a
+    centred call of an even filter as padding='same') and the op call stood in for: nothing fails, and each
+    narrow kernel gets the calls of its scope."""
+    import torch
+
+    from tests.test_freeze import freeze_with_narrow_designs
+
+    _, fused, lane, split = freeze_with_narrow_designs(tmp_path)
+    mod = gate.load_frozen(tmp_path, "dwgen_frozen_gate_narrow")
+    t = mod._trusted(mod.MANIFEST, tmp_path, "9.0")
+    monkeypatch.setattr(mod, "tables", lambda device=None: t)
+
+    def on_any_device(x, weight, bias, stride, padding, dilation, activation):  # the rule, without a GPU
+        left, right = mod._paddings(padding, weight.shape[2], stride, dilation)
+        return left, right, mod._output_length(x, weight.shape[2], left, right, stride, dilation, padding)
+
+    monkeypatch.setattr(mod, "_validate", on_any_device)
+    monkeypatch.setattr(gate.check, "make_inputs", lambda q, seed: (
+        torch.zeros(q.batch, q.channels, q.length, dtype=torch.float16),
+        torch.zeros(q.channels, 1, q.kernel_size, dtype=torch.float16), None))
+    called = []
+    monkeypatch.setattr(gate, "_through_the_op", lambda mod, q, d, seed, cache: called.append((q, d)))
+    assert gate._fast_narrow_calls(mod, None) == []
+    # the paddings only the op's pad_left and pad_right give, (0, H) and (H, 1): run through the op, not dispatched
+    uneven = [q for q, _ in called if not (q.symmetric or q.causal or q.paddings == (q.halo // 2, q.halo - q.halo // 2))]
+    assert {q.paddings for q in uneven} == {(0, k - 1) for k in (8, 9, 12, 13, 14, 15, 16)} | {
+        (k - 1, 1) for k in (8, 9, 12, 13, 14, 15, 16)}
+    runs = {(q.kernel_size, q.paddings, q.length, q.activation): mod.kernel_for(
+        gate.check.make_inputs(q, 0)[0], torch.zeros(q.channels, 1, q.kernel_size, dtype=torch.float16), None,
+        **gate._call_kwargs(q), direction="bwd") for q, d in called if q not in uneven}
+    assert runs[(8, (7, 0), 304, "none")] == runs[(8, (7, 0), 304, "silu")] == lane.name
+    assert runs[(8, (3, 4), 304, "none")] == lane.name and runs[(8, (3, 4), 304, "silu")] == fused[8].name
+    assert runs[(8, (7, 0), 301, "none")] == fused[8].name  # a row that is not whole vectors
+    assert runs[(15, (14, 14), 304, "none")] == split.name and runs[(15, (14, 14), 304, "silu")] == fused[15].name
+    assert runs[(15, (14, 0), 301, "none")] == runs[(15, (7, 7), 304, "none")] == split.name
+    assert {d for _, d in called} == {"bwd"} and len(called) >= 2 * 3 * 2

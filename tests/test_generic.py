@@ -101,17 +101,111 @@ def test_a_kept_measurement_is_decided_again_by_todays_rule(tmp_path):
     assert rec["x_copy"] == scores[row_name] and rec["candidates"] == scores
 
 
-def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeypatch):
-    from types import SimpleNamespace
+def _scores(k: int, dtype: str, x_copy: dict[str, float]) -> tuple[dict, dict]:
+    """Each candidate's x copy on each training shape its scope takes (as choose measures them): a family's
+    candidates at x_copy[family], the next one of the family 0.1 more; and the candidates by family."""
+    from search import generic
 
-    from dwgen import worker
-    from search import generic, loop
+    shapes = generic.scope_problems(k, dtype, "bcl", "bwd")
+    by_family: dict[str, list[str]] = {}
+    for v in generic.candidate_variants(k, dtype, "bcl", "bwd"):
+        by_family.setdefault(v.family.name, []).append(v.name)
+    scores = {}
+    for family, names in by_family.items():
+        for i, n in enumerate(sorted(names)):
+            served = {p.key for ps in shapes.values() for p in ps
+                      if generic.scope_admits({"dw1d_bwd": "any", "dw1d_bwdtc": "within_halo",
+                                               "dw1d_bwdlane": "causal_or_centred"}[family], p)}
+            scores[n] = dict.fromkeys(sorted(served), x_copy[family] + 0.1 * i)
+    return scores, {f: sorted(ns) for f, ns in by_family.items()}
 
-    variants = generic.candidate_variants(9, "fp16", "bcl")
-    tc_name = next(v.name for v in variants if v.family.name == "dw1d_tc")
-    broken = next(v.name for v in variants if v.family.name != "dw1d_tc")
-    ratio = {v.name: 1.2 for v in variants} | {tc_name: 1.0}  # tensor cores 17% ahead: chosen
 
+@pytest.mark.parametrize("k, fused, lane, split, narrow", [
+    (15, 3.4, None, 2.0, ["dw1d_bwdtc"]),  # the split backward by more than the margin
+    (15, 3.4, None, 3.3, []),  # by less
+    (7, 2.5, 1.6, None, ["dw1d_bwdlane"]),  # the lane backward on the causal and centred shapes
+    (7, 1.5, 1.6, None, []),
+    (9, 2.6, 1.7, None, ["dw1d_bwdlane"]),  # K9: a halo of 8 within the lane runs; no split design below K10
+])
+def test_narrower_designs_that_win_on_their_scopes_shapes_are_chosen_beside_the_best_fused_one(k, fused, lane, split,
+                                                                                                   narrow):
+    """16-bit (B, C, L) backward: the fused designs take every call, the lane ones causal and centred calls (measured
+    on those shapes only), the split ones calls within the halo without SiLU. The record's kernel is the best fused
+    design whatever the others read; narrow lists, narrowest scope first, each scope's best where it is not fused."""
+    from search import generic
+
+    scores, names = _scores(k, "fp16", {"dw1d_bwd": fused, "dw1d_bwdlane": lane, "dw1d_bwdtc": split})
+    variants = {v.name: v for v in generic.candidate_variants(k, "fp16", "bcl", "bwd")}
+    rec = generic.decide(k, "fp16", "bcl", scores, {}, log=lambda *_: None, direction="bwd")
+    assert rec["kernel"] == names["dw1d_bwd"][0] and rec["config"] == variants[rec["kernel"]].config_dict
+    assert rec["geomean_x_copy"] == pytest.approx(fused) and rec["candidates"] == scores
+    assert sorted(rec["x_copy"]) == sorted(p.key for p in generic.scope_problems(k, "fp16", "bcl", "bwd")["any"])
+    got = rec.get("narrow", [])
+    assert [n["kernel"] for n in got] == [names[f][0] for f in narrow]
+    assert [n["scope"] for n in got] == [variants[n["kernel"]].family.generic_scope for n in got]
+    assert all(n["config"] == variants[n["kernel"]].config_dict for n in got)
+
+
+@pytest.mark.parametrize("fused, split, chosen", [
+    ((2.0, 3.0), (2.6, 1.5), False),  # far ahead on the causal and centred shapes, behind on the others
+    ((3.0, 1.5), (2.0, 2.5), False),  # the other way round
+    ((3.0, 3.0), (2.0, 2.0), True),
+])
+def test_a_narrow_design_must_win_on_every_group_of_shapes_it_would_serve(fused, split, chosen):
+    """The split backward serves the causal and centred calls as well as the other calls within the halo: a
+    geometric mean over all four shapes would hide a loss on two of them, so it must win on each pair."""
+    from search import generic
+
+    shapes = generic.scope_problems(15, "fp16", "bcl", "bwd")
+    names = {v.name: v for v in generic.candidate_variants(15, "fp16", "bcl", "bwd")}
+
+    def reads(n, pair):
+        return {**dict.fromkeys((p.key for p in shapes["any"]), pair[0]),
+                **dict.fromkeys((p.key for p in shapes["causal_or_centred"]), pair[1])}
+
+    scores = {n: reads(n, fused if v.family.name == "dw1d_bwd" else split) for n, v in names.items()}
+    rec = generic.decide(15, "fp16", "bcl", scores, {}, log=lambda *_: None, direction="bwd")
+    assert ("narrow" in rec) is chosen
+    if chosen:
+        assert names[rec["narrow"][0]["kernel"]].family.name == "dw1d_bwdtc"
+        assert sorted(rec["narrow"][0]["x_copy"]) == sorted(p.key for p in shapes["any"] + shapes["causal_or_centred"])
+
+
+def test_at_odd_k_the_lane_design_must_also_win_on_the_centred_shape_every_design_is_measured_on():
+    """fp16 K7: the first training shape (8x1024x4000, padded 3 a side) is centred on rows of whole vectors, so the
+    lane designs are measured and will serve there too: a loss there keeps them out, however they read on their
+    own pair."""
+    from search import generic
+
+    shapes = generic.scope_problems(7, "fp16", "bcl", "bwd")
+    names = {v.name: v for v in generic.candidate_variants(7, "fp16", "bcl", "bwd")}
+    first = shapes["any"][0].key
+    scores = {}
+    for n, v in names.items():
+        if v.family.name == "dw1d_bwd":
+            scores[n] = {p.key: 2.0 for p in shapes["any"] + shapes["causal_or_centred"]}
+        else:
+            scores[n] = {first: 3.0} | {p.key: 1.5 for p in shapes["causal_or_centred"]}
+    rec = generic.decide(7, "fp16", "bcl", scores, {}, log=lambda *_: None, direction="bwd")
+    assert "narrow" not in rec
+    scores = {n: xs | ({first: 1.9} if names[n].family.name == "dw1d_bwdlane" else {}) for n, xs in scores.items()}
+    rec = generic.decide(7, "fp16", "bcl", scores, {}, log=lambda *_: None, direction="bwd")
+    assert names[rec["narrow"][0]["kernel"]].family.name == "dw1d_bwdlane" and first in rec["narrow"][0]["x_copy"]
+
+
+def test_a_measurement_where_no_design_takes_the_whole_signature_passed_is_refused():
+    from search import generic
+
+    names = {v.name: v for v in generic.candidate_variants(15, "fp16", "bcl", "bwd")}
+    shapes = [p.key for p in generic.training_problems(15, "fp16", "bcl")]
+    scores = {n: dict.fromkeys(shapes, 2.0) for n, v in names.items() if v.family.name == "dw1d_bwdtc"}
+    assert scores
+    with pytest.raises(RuntimeError, match="fp16_bcl_k15_bwd"):
+        generic.decide(15, "fp16", "bcl", scores, {}, log=lambda *_: None, direction="bwd")
+
+
+def fake_worker(ratio: dict[str, float]) -> type:
+    """A worker whose re-timing reads each candidate at ratio[name] times a copy_ of 2.0."""
     class FakeWorker:
         def __init__(self, p):
             self.p = p
@@ -125,6 +219,22 @@ def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeyp
         def close(self):
             pass
 
+    return FakeWorker
+
+
+def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeypatch):
+    from types import SimpleNamespace
+
+    from dwgen import worker
+    from search import generic, loop
+
+    variants = generic.candidate_variants(9, "fp16", "bcl")
+    tc_name = next(v.name for v in variants if v.family.name == "dw1d_tc")
+    broken = next(v.name for v in variants if v.family.name != "dw1d_tc")
+    ratio = {v.name: 1.2 for v in variants} | {tc_name: 1.0}  # tensor cores 17% ahead: chosen
+
+    FakeWorker = fake_worker(ratio)
+
     def fake_check_each(w, vs, builds):
         for v in vs:
             ok = not (v.name == broken and w.p.bias)  # fails its check on the second shape only
@@ -133,7 +243,7 @@ def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeyp
     monkeypatch.setattr(worker, "GpuWorker", FakeWorker)
     monkeypatch.setattr(loop, "check_each", fake_check_each)
     lines = []
-    rec = generic.choose(9, "fp16", "bcl", lambda vs: None, log=lines.append)
+    rec = generic.choose(9, "fp16", "bcl", lambda vs: [None] * len(vs), log=lines.append)
     shapes = [p.key for p in generic.training_problems(9, "fp16", "bcl")]
     assert rec["kernel"] == tc_name and rec["geomean_x_copy"] == pytest.approx(1.0)
     assert rec["x_copy"] == dict.fromkeys(shapes, 1.0) and rec["machine"] == {"gpu": "fake"}
@@ -142,21 +252,90 @@ def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeyp
     assert any("wrong" in line for line in lines)
 
 
+def test_the_backward_measures_each_candidate_on_the_shapes_its_scope_takes(monkeypatch):
+    """bf16 K8 (B, C, L): the fused designs on all four shapes, the lane ones on the causal and centred pair only;
+    the lane design that wins there is chosen beside the fused one. (K10-16: the split ones on all four.)"""
+    from types import SimpleNamespace
+
+    from dwgen import worker
+    from search import generic, loop
+
+    variants = generic.candidate_variants(8, "bf16", "bcl", "bwd")
+    lane = sorted(v.name for v in variants if v.family.name == "dw1d_bwdlane")
+    ratio = {v.name: {"dw1d_bwd": 2.5, "dw1d_bwdlane": 1.6}[v.family.name] for v in variants}
+    ratio[lane[0]] = 1.5
+    asked = {}
+
+    FakeWorker = fake_worker(ratio)
+
+    def fake_check_each(w, vs, builds):
+        assert len(builds) == len(vs)
+        asked[w.p.key] = {v.family.name for v in vs}
+        return [(SimpleNamespace(name=v.name), SimpleNamespace(variant=v)) for v in vs]
+
+    monkeypatch.setattr(worker, "BwdGpuWorker", FakeWorker)
+    monkeypatch.setattr(loop, "check_each", fake_check_each)
+    rec = generic.choose(8, "bf16", "bcl", lambda vs: list(range(len(vs))), log=lambda *_: None, direction="bwd")
+    shapes = generic.scope_problems(8, "bf16", "bcl", "bwd")
+    assert asked == ({p.key: {"dw1d_bwd"} for p in shapes["any"]}
+                     | {p.key: {"dw1d_bwd", "dw1d_bwdlane"} for p in shapes["causal_or_centred"]})
+    assert rec["kernel"].startswith("dw1d_bwd_") and [n["kernel"] for n in rec["narrow"]] == [lane[0]]
+    assert sorted(rec["candidates"][lane[0]]) == sorted(p.key for p in shapes["causal_or_centred"])
+
+
+def test_the_checks_ask_a_lane_candidate_for_what_each_call_s_padding_takes(monkeypatch):
+    """A lane candidate is built on its scope's causal stand-in, whose launch takes SiLU; measured on a centred
+    shape, its checks must ask no SiLU of the centred calls (they did: on the H100 every lane candidate failed
+    with cudaErrorInvalidValue on the centred shapes and was dropped whole), and SiLU of the causal ones."""
+    import types
+
+    from dwgen import check, worker
+    from dwgen.problem import Problem
+    from search import generic
+
+    seen: list[tuple[bool, str]] = []
+    monkeypatch.setattr(check, "check_backward", lambda q, run, seeds: seen.append((q.causal, q.activation)))
+    shapes = generic.scope_problems(7, "bf16", "bcl", "bwd")["causal_or_centred"]
+    lane = next(v for v in generic.candidate_variants(7, "bf16", "bcl", "bwd") if v.family.name == "dw1d_bwdlane")
+    assert lane.problem.causal  # built on the stand-in
+    for q in shapes:
+        seen.clear()
+        bench = object.__new__(worker._BwdBench)  # its __init__ needs a GPU; checks() reads the problem alone
+        bench.problem = q
+        list(bench.checks(types.SimpleNamespace(variant=lane)))
+        assert (q.causal, q.activation) in seen
+        assert all(causal or act == "none" for causal, act in seen), (q.key, seen)
+        assert (True, "silu") in seen  # the stand-in's own edge problems are causal and take both
+    assert {q.causal for q in shapes} == {True, False}
+    assert isinstance(shapes[0], Problem)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_backward_candidates_are_valid_distinct_and_hold_the_first_design(dtype, layout):
     """Every K has the fused backward's first design (today's fast generic backward) among its candidates, and
-    short filters several more; all of the family whose launch takes any sizes."""
-    from dwgen.families import bwd
-    from dwgen.space import generic_problem
+    short filters several more, all of the family that takes every call of the key; over (B, C, L) the lane
+    backward's designs up to K9 and for 16-bit from K8 the split backward's (chosen beside a fused one, for the
+    calls their scopes admit), each on a stand-in its scope takes."""
+    from dwgen.families import bwd, bwdtc
+    from dwgen.space import generic_problem, scope_admits, violations
 
     for k in GENERIC_KERNEL_SIZES:
         variants = candidate_variants(k, dtype, layout, "bwd")
         names = [v.name for v in variants]
         assert len(set(names)) == len(names), names
-        assert all(v.direction == "bwd" and v.family.name == "dw1d_bwd" for v in variants)
-        assert bwd.generic_config(generic_problem(k, dtype, layout)) in [v.config for v in variants]
-        assert len(names) >= (4 if k <= 8 else 2), f"{dtype} {layout} K{k}: only {names}"
+        assert all(v.direction == "bwd" for v in variants)
+        families = {v.family.name for v in variants}
+        want = {"dw1d_bwd"} | ({"dw1d_bwdlane"} if layout == "bcl" and k <= 9 else set()) | (
+            {"dw1d_bwdtc"} if DTYPES[dtype].bytes == 2 and layout == "bcl" and k >= bwdtc.MIN_TAPS else set())
+        assert families == want, f"{dtype} {layout} K{k}: {families}"
+        fused = [v for v in variants if v.family.name == "dw1d_bwd"]
+        assert bwd.generic_config(generic_problem(k, dtype, layout)) in [v.config for v in fused]
+        assert len(fused) >= (4 if k <= 8 else 2), f"{dtype} {layout} K{k}: only {names}"
+        assert all(v.family.generic_scope == "any" for v in fused)
+        assert all(v.family.generic_scope in ("within_halo", "causal_or_centred") for v in variants if v not in fused)
+        assert all(scope_admits(v.family.generic_scope, v.problem) and not violations(v.problem, v.config, "bwd")
+                   for v in variants)
 
 
 def test_backward_records_have_their_own_names_and_the_forwards_keep_theirs(tmp_path):

@@ -242,7 +242,7 @@ def test_backward_entries_fill_the_tuned_bwd_table(here):
     # dtype fp32 (0), no bias, layout bcl (0), activation none (0), then the kernel's choice
     assert [r for r in tuned_rows if r[0] == 1] == [[1, 32, 512, 8192, 3, 1, 1, 1, 1, 0, 0, 0, 0, index,
                                                      k["align_bytes"], k["channel_multiple"], 0]]
-    assert all(len(r) == 8 for r in fast_rows) and all(len(r) == 11 for r in lent_rows)
+    assert all(len(r) == 10 for r in fast_rows) and all(len(r) == 11 for r in lent_rows)
 
 
 @pytest.mark.parametrize("which, fields, why", [
@@ -347,3 +347,21 @@ def test_kernels_are_compiled_a_few_to_a_unit(here, tmp_path):
     assert len(moved) == 1 and changed in open(moved.pop()).read()
     many = mod._translation_units(sources, tmp_path / "many", jobs=len(kernels))
     assert len([u for u in many if u.endswith(".cu")]) == len(kernels)
+
+
+def test_a_fast_table_naming_a_kernel_of_the_wrong_scope_is_refused_with_a_warning(here):
+    """A narrow table holds only kernels of narrow families (the dispatcher asks their scope), the tables for
+    every call only the others: a kernel in the wrong one is not used there, and says so."""
+    def edit(m):
+        m["generic"]["fast_bwd_narrow"] = {"fp16_bcl_k15": [m["generic"]["fast_bwd"]["fp16_bcl_k15"]]}
+        name = m["generic"]["fast_bwd"]["fp16_bcl_k3"]
+        next(k for k in m["kernels"] if k["name"] == name)["config"]["family"] = "dw1d_bwdlane"
+
+    m = rewrite(here, edit)
+    t = trusted(here)
+    assert t.fast_bwd_narrow == {} and "fp16_bcl_k3" not in t.fast_bwd
+    assert len(t.fast_bwd) == len(m["generic"]["fast_bwd"]) - 1
+    lane_in_fast = m["generic"]["fast_bwd"]["fp16_bcl_k3"]
+    fused_in_narrow = m["generic"]["fast_bwd_narrow"]["fp16_bcl_k15"][0]
+    assert any(lane_in_fast in w and "serves some calls only" in w for w in t.warnings)
+    assert any(fused_in_narrow in w and "serves every call" in w for w in t.warnings)

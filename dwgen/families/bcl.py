@@ -11,6 +11,7 @@ from dwgen.problem import Problem
 TEMPLATE = "dw1d.cu.j2"
 
 SIZES_AT_RUN_TIME = True  # its launch takes any sizes, padding up to the halo and bias (Family.sizes_at_run_time)
+GENERIC_SCOPE = "any"  # and padding past the halo too, every activation: it may be a fast generic kernel alone
 
 # a misaligned x is read from the 16-byte boundary before it: the launch peels the head
 PEELS_MISALIGNMENT = True

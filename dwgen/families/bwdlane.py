@@ -39,6 +39,11 @@ AXES: dict[str, tuple] = {
     "halves": (1, 2),
 }
 
+# As a fast generic backward (search.generic): its launch takes any B, C and L of whole vectors (no size is
+# compiled in), so beside a fused design it serves causal calls and centred ones without an activation on rows
+# of whole 16-byte vectors (space.scope_admits)
+GENERIC_SCOPE = "causal_or_centred"
+
 MAX_RUN_FLOATS = 112  # x and its halo, grad_out through the slope and grad_x a thread holds for its run
 
 

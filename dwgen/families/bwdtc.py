@@ -23,6 +23,9 @@ from dwgen.problem import Problem
 TEMPLATE = "dw1d_bwd_tc.cu.j2"
 
 SIZES_AT_RUN_TIME = True  # its launch takes any sizes, padding up to the halo and bias (Family.sizes_at_run_time)
+# As a fast generic backward (search.generic): beside a fused design, for calls without an activation padded
+# up to the halo a side (space.scope_admits)
+GENERIC_SCOPE = "within_halo"
 
 VEC = 8  # 16-bit elements in 16 bytes
 
@@ -43,7 +46,12 @@ AXES: dict[str, tuple] = {
     **tc.AXES,
 }
 
-MIN_TAPS = 16  # below this the fused backward's 2K FMAs an element cost less than reading grad_out twice
+# Below this the fused backward's 2K FMAs an element cost less than reading grad_out twice. It was 16 until the
+# generic backward weighed the split one: the fused generic kernels read 2.4-2.5x copy at 16-bit K7 and
+# 3.4-3.8x at K15 on their training shapes, the split one 2.0x at K31 (H200); from K10 a measurement chooses.
+# K8 and K9 stay the lane backward's as narrow generic kernels (halos of 7 and 8 within its 8-position runs), so
+# no key weighs two narrow scopes.
+MIN_TAPS = 10
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_RUN_FLOATS = 104  # K + 1 sums and a run of grad_out a thread holds (K64 with 32-position runs: 97)
 # Two 16-bit ones in a 32-bit word (fp16 1.0 is 0x3C00, bf16 1.0 is 0x3F80): an mma operand of all ones.
