@@ -119,8 +119,17 @@ inline __half __float2half_rn(const float f) {  // round to nearest even, as cvt
 }
 
 typedef void* cudaStream_t;
-enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMisalignedAddress = 716 };
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+enum cudaError_t {
+    cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9, cudaErrorMisalignedAddress = 716
+};
+namespace emu {
+inline cudaError_t last_error = cudaSuccess;  // a launch the device would refuse (its grid or block), until read
+}  // namespace emu
+inline cudaError_t cudaGetLastError() {
+    const cudaError_t e = emu::last_error;
+    emu::last_error = cudaSuccess;
+    return e;
+}
 // A small GPU for the persistent walks: 2 SMs of 1 resident block, so that each block walks several items.
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
 inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
@@ -186,11 +195,24 @@ inline bool blocked_at_block_barrier(const int t) {
 // warp one warp barrier on a pass.
 inline const bool greedy_warps = std::getenv("EMU_GREEDY_WARPS") != nullptr;
 
+// EMU_DRY_LAUNCH set: launches are checked against the device's limits and counted, and no block runs, so that a
+// launch function can be called with the sizes of a GPU problem (and buffers of a few bytes) to learn whether it
+// takes the call.
+inline const bool dry_launches = std::getenv("EMU_DRY_LAUNCH") != nullptr;
+
 // Runs every block of the grid in order (x first, as the GPU dispatches them), each as `block` fibers
-// switched at their barriers.
+// switched at their barriers. A grid or block the device refuses (an empty one, grid.x past 2^31 - 1, grid.y or
+// grid.z past 65535, a block of more than 1024 threads) runs nothing and leaves cudaErrorInvalidConfiguration for
+// cudaGetLastError, as the device does.
 template <class F, class... A>
 void launch(F kernel, const dim3_ grid, const int block, int, void*, A... args) {
+    if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 0x7fffffffu || grid.y > 65535u || grid.z > 65535u ||
+        block < 1 || block > 1024) {
+        last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
     ++launches;
+    if (dry_launches) return;
     gridDim = grid;
     blockDim = {static_cast<unsigned>(block), 1, 1};
     block_barrier = Barrier{block};
