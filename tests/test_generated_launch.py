@@ -66,3 +66,41 @@ def as_call(b, c, length, out, left, act, bias):
     return SimpleNamespace(batch=b, channels=c, length=length, out_length=out, padding=left,
                            activation=ACTIVATIONS[act], bias=bool(bias),
                            key=f"{b}x{c}x{length} Lout {out} P{left} act {act} bias {bias}")
+
+
+# stdin as DRY_MAIN's; the forward's launch contract (x, w, b, y, sizes, P, act, stream)
+FWD_DRY_MAIN = r"""
+int main() {
+    void* buf[4];
+    for (auto& p : buf) p = std::aligned_alloc(64, 64);
+    long long v[7];
+    while (std::scanf("%lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]) == 7) {
+        std::printf("%d\n", CAT(dwgen_launch_, NAME)(buf[0], buf[1], v[6] ? buf[2] : nullptr, buf[3], v[0], v[1], v[2],
+                                                     v[3], v[4], v[5], nullptr));
+    }
+    return 0;
+}
+"""
+
+
+def test_each_fast_generic_forward_without_ptx_takes_every_call_the_dispatcher_sends_it(tmp_path):
+    """The same for the forward's fast kernels, but those whose source has inline PTX the emulator lacks (the
+    tensor-core ones and the cp.async row walks, `_async`): about half the (dtype, layout, K) keys."""
+    m = freeze.read_manifest(freeze.DEFAULT_DIR)
+    kernels = {e["name"]: e for e in m["kernels"]}
+    fast = {key: name for key, name in m["generic"]["fast"].items() if "_tc_" not in name and "_async" not in name}
+    assert len(fast) >= 40
+    names = sorted(set(fast.values()))
+
+    def built(name):
+        source = (freeze.DEFAULT_DIR / kernels[name]["file"]).read_text()
+        return _compile(name, _emulated(source) + PRELUDE + FWD_DRY_MAIN, tmp_path)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        exes = dict(zip(names, pool.map(built, names), strict=True))
+    rng = random.Random(6)
+    for key, name in sorted(fast.items()):
+        k = int(key.rsplit("_k", 1)[1])
+        calls = [as_call(*c) for c in random_calls(rng, k, kernels[name]["channel_multiple"], 60)]
+        refused = [f"{c.key}: {rc}" for c, rc in zip(calls, launch_codes(exes[name], calls), strict=True) if rc != 0]
+        assert not refused, f"{key}: {name} refused {len(refused)} calls, e.g. {refused[:3]}"
