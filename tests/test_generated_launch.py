@@ -37,17 +37,21 @@ def random_calls(rng: random.Random, k: int, channel_multiple: int, n: int) -> l
     return calls
 
 
+def built_from_generated(kernels: dict, names, main: str, tmp) -> dict:
+    """Each named kernel's CPU binary, from its file in generated/ with main after it, two builds at a time."""
+    def built(name):
+        source = (freeze.DEFAULT_DIR / kernels[name]["file"]).read_text()
+        return _compile(name, _emulated(source) + PRELUDE + main, tmp)
+
+    names = sorted(names)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(names, pool.map(built, names), strict=True))
+
+
 def test_each_fast_generic_backward_takes_every_call_the_dispatcher_sends_it(tmp_path):
     m = freeze.read_manifest(freeze.DEFAULT_DIR)
     kernels = {e["name"]: e for e in m["kernels"]}
-    names = sorted({m["generic"]["fast_bwd"][key] for key in KEYS})
-
-    def built(name):
-        source = (freeze.DEFAULT_DIR / kernels[name]["file"]).read_text()
-        return _compile(name, _emulated(source) + PRELUDE + DRY_MAIN, tmp_path)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        exes = dict(zip(names, pool.map(built, names), strict=True))
+    exes = built_from_generated(kernels, {m["generic"]["fast_bwd"][key] for key in KEYS}, DRY_MAIN, tmp_path)
     rng = random.Random(5)
     for key in KEYS:
         name = m["generic"]["fast_bwd"][key]
@@ -90,14 +94,7 @@ def test_each_fast_generic_forward_without_ptx_takes_every_call_the_dispatcher_s
     kernels = {e["name"]: e for e in m["kernels"]}
     fast = {key: name for key, name in m["generic"]["fast"].items() if "_tc_" not in name and "_async" not in name}
     assert len(fast) >= 40
-    names = sorted(set(fast.values()))
-
-    def built(name):
-        source = (freeze.DEFAULT_DIR / kernels[name]["file"]).read_text()
-        return _compile(name, _emulated(source) + PRELUDE + FWD_DRY_MAIN, tmp_path)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        exes = dict(zip(names, pool.map(built, names), strict=True))
+    exes = built_from_generated(kernels, set(fast.values()), FWD_DRY_MAIN, tmp_path)
     rng = random.Random(6)
     for key, name in sorted(fast.items()):
         k = int(key.rsplit("_k", 1)[1])
