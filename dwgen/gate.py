@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import sys
 import time
 from dataclasses import replace
@@ -55,11 +56,11 @@ def misaligned(x):
 
 def signature_problem(k: dict) -> Problem:
     """A problem of a kernel's signature (its sizes are run-time, so any will do as a base for edges): centred,
-    or causal for a lane backward serving as a fast generic one (its scope: space.scope_admits)."""
+    or causal for a lane or walk backward serving as a fast generic one (their scopes: space.scope_admits)."""
     s = k["signature"]
     p = Problem(4, 64, 1000, s["kernel_size"], s["stride"], (s["kernel_size"] - 1) // 2 * s["dilation"],
                 s["dilation"], s["dtype"], layout=s["layout"])
-    if GENERIC_SCOPES_OF.get(k["config"].get("family")) == "causal_or_centred":
+    if GENERIC_SCOPES_OF.get(k["config"].get("family")) in ("causal_or_centred", "left_halo"):
         p = replace(p, padding=p.halo, padding_right=0)
     return p
 
@@ -193,12 +194,15 @@ def _fast_narrow_calls(mod, cache) -> list[str]:
         for key, names in getattr(t, narrow).items():
             dtype, layout, k = mod._FAST_KEY.fullmatch(key).groups()
             k, h = int(k), int(k) - 1
+            # channels every kernel of the key takes (a (B, L, C) walk and fused design need not share a vector)
+            multiple = math.lcm(*(t.kernels[n][1]["channel_multiple"] for n in [*names, getattr(t, whole).get(key)]
+                                  if n is not None))
             for name in names:
-                multiple = t.kernels[name][1]["channel_multiple"]
-                # a call of its scope: causal for the lane one; the halo on both sides for the within-halo one
-                # (neither causal nor centred: a lane kernel before it in the list does not take it); then causal
-                # on a row that is not whole vectors (which a lane kernel does not take either) and centred
-                causal = mod._scope(t, name) == "causal_or_centred"
+                # a call of its scope: causal for the lane and walk ones; the halo on both sides for the
+                # within-halo one (neither causal nor centred: a lane kernel before it in the list does not take
+                # it); then causal on a row that is not whole vectors (which a lane kernel does not take either)
+                # and centred
+                causal = mod._scope(t, name) in ("causal_or_centred", "left_halo")
                 q = Problem(2, 3 * multiple, 304, k, 1, h, 1, dtype, bias=True, layout=layout,
                             padding_right=0 if causal else h)
                 calls = [q, replace(q, length=301, padding_right=0), replace(q, padding=h // 2, padding_right=h - h // 2)]

@@ -387,7 +387,11 @@ def generic_variants(chosen: dict[str, dict] | None = None, direction: str = "fw
 
 # The narrower scopes a fast generic kernel may serve beside one of scope "any", narrowest first (the order the
 # dispatchers try them in: frozen_dispatch._admits and the launcher's admits say the same in their own terms).
-GENERIC_SCOPES = ("causal_or_centred", "within_halo")
+GENERIC_SCOPES = ("causal_or_centred", "left_halo", "within_halo")
+
+# The shortest span (positions a block covers along a row) of a walk backward serving as a fast generic kernel: the
+# left_halo scope admits B * ceil(Lout / span) blocks along the grid's second dimension up to 65535 at this span
+LEFT_HALO_SPAN = 1024
 
 
 def scope_admits(scope: str, p: Problem) -> bool:
@@ -395,7 +399,9 @@ def scope_admits(scope: str, p: Problem) -> bool:
     padding up to the halo a side without an activation (the split backward); causal_or_centred, output length L
     with the halo all on the left, or split H // 2 left and the rest right without an activation, on rows of
     whole 16-byte vectors (the lane backward; its launch refuses a batch past 65535 row groups and a row within a
-    chunk of 2^31, so those go to the kernel for every call)."""
+    chunk of 2^31, so those go to the kernel for every call); left_halo, left padding of the halo and any right
+    padding, with or without an activation, at most 65535 spans of LEFT_HALO_SPAN positions of output over the
+    batch and outputs of at most 2^30 a row (the walk backward over (B, L, C))."""
     left, right = p.paddings
     if scope == "any":
         return True
@@ -405,6 +411,9 @@ def scope_admits(scope: str, p: Problem) -> bool:
         return (p.length % (16 // p.elem_bytes) == 0 and p.batch <= 65535 and p.length <= 2**30
                 and ((left, right) == (p.halo, 0) or ((left, right) == (p.halo // 2, p.halo - p.halo // 2)
                                                       and p.activation == "none")))
+    if scope == "left_halo":
+        return (left == p.halo and p.out_length <= 2**30
+                and p.batch * -(-p.out_length // LEFT_HALO_SPAN) <= 65535)
     raise ValueError(f"unknown generic scope {scope!r}")
 
 
@@ -414,6 +423,8 @@ def scope_stand_in(p: Problem, scope: str | None) -> Problem:
     padding are run-time; the kernel is the same for any of its signature's problems)."""
     if scope == "causal_or_centred":
         return replace(p, batch=16, length=16384, padding=p.halo, padding_right=0)
+    if scope == "left_halo":  # channels enough for a block of 64 channel threads of 4-channel vectors
+        return replace(p, batch=16, channels=1024, length=16384, padding=p.halo, padding_right=0)
     return p
 
 

@@ -53,8 +53,9 @@ _FAST_TABLES = {"fast": ("fwd", False), "fast_bwd": ("bwd", False), "fast_narrow
 _MAX_NARROW = 2  # narrow kernels a key (the launcher's MAX_NARROW)
 # The families whose kernels serve only some calls as fast generic kernels, and which (space.GENERIC_SCOPES,
 # space.scope_admits; the launcher's scope numbers are the order of _SCOPES)
-_NARROW_SCOPES = {"dw1d_bwdtc": "within_halo", "dw1d_bwdlane": "causal_or_centred"}
-_SCOPES = ("any", "within_halo", "causal_or_centred")
+_NARROW_SCOPES = {"dw1d_bwdtc": "within_halo", "dw1d_bwdlane": "causal_or_centred", "dw1d_bwdwalk": "left_halo"}
+_SCOPES = ("any", "within_halo", "causal_or_centred", "left_halo")
+_LEFT_HALO_SPAN = 1024  # space.LEFT_HALO_SPAN
 
 
 class ManifestError(ValueError):
@@ -632,6 +633,9 @@ def _admits(scope: str, k: int, left: int, right: int, activation, batch: int, l
     if scope == "causal_or_centred":
         return (length % (16 // elem_size) == 0 and batch <= 65535 and length <= 2**30
                 and ((left, right) == (h, 0) or ((left, right) == (h // 2, h - h // 2) and plain)))
+    if scope == "left_halo":
+        out = length + left + right - h
+        return left == h and out <= 2**30 and batch * -(-out // _LEFT_HALO_SPAN) <= 65535
     return scope == "any"
 
 

@@ -923,13 +923,15 @@ bool fits(const Choice& c, const at::Tensor& x, const at::Tensor* gy, int64_t Lo
 
 // Whether a fast generic kernel's scope takes a call at stride and dilation 1 (frozen_dispatch._admits): 1, no
 // activation and padding up to the halo a side (the split backward); 2, causal, or centred without an
-// activation, on rows of whole 16-byte vectors (the lane backward).
-bool admits(const Choice& c, int64_t K, int64_t pl, int64_t pr, int64_t act, const at::Tensor& x) {
+// activation, on rows of whole 16-byte vectors (the lane backward); 3, left padding of the halo, at most 65535
+// spans of 1024 outputs over the batch, rows of at most 2^30 outputs (the walk backward over (B, L, C)).
+bool admits(const Choice& c, int64_t K, int64_t pl, int64_t pr, int64_t act, const at::Tensor& x, int64_t Lout) {
     const int64_t h = K - 1;
     switch (c.scope) {
         case 1: return act == 0 && std::max(pl, pr) <= h;
         case 2: return x.size(2) % (16 / x.element_size()) == 0 && x.size(0) <= 65535 && x.size(2) <= (1 << 30) &&
                        ((pl == h && pr == 0) || (pl == h / 2 && pr == h - h / 2 && act == 0));
+        case 3: return pl == h && Lout <= (1 << 30) && x.size(0) * ((Lout + 1023) / 1024) <= 65535;
         default: return c.scope == 0;
     }
 }
@@ -940,7 +942,7 @@ Choice narrow_choice(const Tables& t, int direction, const at::Tensor& x, const 
                      int64_t pl, int64_t pr, int64_t D, int dt, int layout, int64_t act, int64_t Lout) {
     if (S != 1 || D != 1 || K > MAX_K) return Choice{};
     for (const Choice& c : t.fast_narrow[direction][dt][layout][K]) {
-        if (c.index >= 0 && admits(c, K, pl, pr, act, x) && fits(c, x, gy, Lout)) return c;
+        if (c.index >= 0 && admits(c, K, pl, pr, act, x, Lout) && fits(c, x, gy, Lout)) return c;
     }
     return Choice{};
 }

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dwgen import cli
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, tc
+from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, bwdwalk, tc
 from dwgen.problem import LAYOUTS, Problem
 from dwgen.space import (
     DIRECTIONS,
@@ -74,11 +74,16 @@ def bwd_candidates(dtype: str, layout: str) -> list:
     these narrower designs wins on its scope's shapes it is chosen beside the best fused design (decide), not
     instead of it."""
     if layout == "blc":
+        # and the walk backward's (left padding of the halo, any right padding, SiLU too): the suite's Mamba
+        # (B, L, C) winners, 4-channel vectors (K <= 4 fit their registers), and a 2-channel one for K5-9 (the
+        # fifteenth and twenty-eighth sessions: 1.72-1.79x copy for the 4-channel ring, +19% for the 2-channel one);
+        # every one covers at least space.LEFT_HALO_SPAN positions a block
         return [bwd.Config(threads=256, outs=16, tc=64), bwd.Config(threads=256, outs=8, tc=64),
                 bwd.Config(threads=128, outs=16, tc=64, stage="async", tiles=4),
                 bwd.Config(threads=128, outs=16, tc=64, stage="async", tiles=2),
                 bwd.Config(threads=256, outs=16, tc=32, stage="async", tiles=2),
-                bwd.Config(threads=128, outs=8, tc=64, stage="async", tiles=2)]  # long fp32 filters fit this one
+                bwd.Config(threads=128, outs=8, tc=64, stage="async", tiles=2),  # long fp32 filters fit this one
+                *bwdwalk.KNOWN_GOOD[:4], bwdwalk.Config(threads=256, ct=64, vec=2, seg=256, unroll=8, stages=3)]
     designs = [bwd.Config(threads=128, outs=8, stage="raw", tiles=4), bwd.Config(threads=128, outs=8, stage="raw"),
                bwd.Config(threads=128, outs=8, stage="raw", regs=56),
                bwd.Config(threads=256, outs=8, stage="raw", tiles=2)]
@@ -103,15 +108,16 @@ def bwd_candidates(dtype: str, layout: str) -> list:
 
 def training_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -> list[Problem]:
     """Two large shapes per K, odd and even lengths, none of them in the benchmark's untuned suite; for the
-    (B, C, L) backward, whose lane candidates serve causal and centred calls on rows of whole vectors only, two
-    more of that scope (scope_problems)."""
+    backward, whose lane (B, C, L) and walk (B, L, C) candidates serve some calls only, two more of their scope
+    (scope_problems)."""
     return list(dict.fromkeys(p for ps in scope_problems(k, dtype, layout, direction).values() for p in ps))
 
 
 def scope_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -> dict[str, list[Problem]]:
     """The training shapes each scope's choice is made on: "any" (every candidate whose scope is any is measured
     on them), within_halo (the same two: both padded within the halo, without an activation) and, for the
-    (B, C, L) backward, causal_or_centred (a causal and a centred shape of whole vectors)."""
+    (B, C, L) backward, causal_or_centred (a causal and a centred shape of whole vectors), for the (B, L, C)
+    one left_halo (a causal shape and one padded by the halo on both sides)."""
     h = k - 1
     shapes = {"any": [Problem(8, 1024, 4000, k, 1, (k - 1) // 2, dtype=dtype, layout=layout),
                       Problem(2, 2048, 12289, k, 1, k // 2, dtype=dtype, bias=True, layout=layout)]}
@@ -120,6 +126,9 @@ def scope_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -> d
         shapes["causal_or_centred"] = [
             Problem(8, 1024, 4000, k, 1, h, dtype=dtype, layout=layout, padding_right=0),
             Problem(2, 2048, 12288, k, 1, h // 2, dtype=dtype, bias=True, layout=layout, padding_right=h - h // 2)]
+    if direction == "bwd" and layout == "blc":  # causal (Mamba's) and the halo on both sides (longer grad_out rows)
+        shapes["left_halo"] = [Problem(8, 1024, 4000, k, 1, h, dtype=dtype, layout=layout, padding_right=0),
+                               Problem(2, 2048, 12289, k, 1, h, dtype=dtype, bias=True, layout=layout)]
     return shapes
 
 

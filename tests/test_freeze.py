@@ -330,24 +330,29 @@ def test_the_launcher_keys_tuned_rows_by_both_paddings_and_the_activation():
     assert text.count("Lout, act);") == 2  # both choose_fwd and choose_bwd are asked with the activation
 
 
-def freeze_with_narrow_designs(out) -> tuple[dict, dict, Variant, Variant]:
-    """The committed generic choices with two narrow designs measured beside fused ones (the lane backward at fp16
-    K8, the split backward at fp16 K15), frozen into out: the manifest, the fused designs by K, the lane and split
-    designs, each built as the freeze builds it (on a stand-in of its scope)."""
-    from dwgen.families import bwd, bwdlane, bwdtc
+def freeze_with_narrow_designs(out) -> tuple[dict, dict, Variant, Variant, Variant]:
+    """The committed generic choices with three narrow designs measured beside fused ones (the lane backward at
+    fp16 K8, the split backward at fp16 K15, the walk backward at fp16 (B, L, C) K4), frozen into out: the
+    manifest, the fused designs by key, the lane, split and walk designs, each built as the freeze builds it (on a
+    stand-in of its scope)."""
+    from dwgen.families import bwd, bwdlane, bwdtc, bwdwalk
     from dwgen.space import generic_problem, scope_stand_in
 
-    def design(k, config, scope="any"):
-        return Variant(scope_stand_in(generic_problem(k, "fp16"), scope), config, "bwd")
+    def design(k, config, scope="any", layout="bcl"):
+        return Variant(scope_stand_in(generic_problem(k, "fp16", layout), scope), config, "bwd")
 
     fused = {k: design(k, bwd.Config(threads=128, outs=8, stage="raw", tiles=4)) for k in (8, 15)}
+    fused["blc4"] = design(4, bwd.Config(threads=128, outs=16, tc=64, stage="async", tiles=4), layout="blc")
     lane = design(8, bwdlane.Config(threads=128, outs=8, rows=2), "causal_or_centred")
     split = design(15, bwdtc.Config(threads=64, run=16, span=4, wgrad="mma", warps=2, nt=2, tile=1024))
-    chosen = {f"fp16_bcl_k{k}_bwd": {"config": fused[k].config_dict, "kernel": fused[k].name, "geomean_x_copy": 2.5,
-                                     "narrow": [{"scope": s, "config": v.config_dict, "kernel": v.name}]}
-              for k, s, v in ((8, "causal_or_centred", lane), (15, "within_halo", split))}
+    walk = design(4, bwdwalk.Config(threads=256, ct=64, vec=4, seg=256, unroll=4, stages=3), "left_halo", "blc")
+    chosen = {f"fp16_{layout}_k{k}_bwd": {"config": fused[f].config_dict, "kernel": fused[f].name,
+                                          "geomean_x_copy": 2.5,
+                                          "narrow": [{"scope": s, "config": v.config_dict, "kernel": v.name}]}
+              for layout, k, f, s, v in (("bcl", 8, 8, "causal_or_centred", lane), ("bcl", 15, 15, "within_halo", split),
+                                         ("blc", 4, "blc4", "left_halo", walk))}
     committed = freeze.read_manifest(freeze.DEFAULT_DIR)["generic"]["chosen"]
-    return freeze.freeze([], out, log=lambda s: None, generic=committed | chosen), fused, lane, split
+    return freeze.freeze([], out, log=lambda s: None, generic=committed | chosen), fused, lane, split, walk
 
 
 def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_scopes(tmp_path, monkeypatch):
@@ -357,14 +362,16 @@ def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_
     scope takes and an x it takes, else the fused one."""
     import torch
 
-    m, fused, lane, split = freeze_with_narrow_designs(tmp_path)
+    m, fused, lane, split, walk = freeze_with_narrow_designs(tmp_path)
     before = freeze.read_manifest(freeze.DEFAULT_DIR)
     assert m["generic"]["fast_bwd"]["fp16_bcl_k8"] == fused[8].name
     narrow = m["generic"]["fast_bwd_narrow"]
     # K9 takes K8's measurement (the lane design fits: a halo of 8 within its 8-position runs), K10 and K11 too
     # (the lane design does not fit them: none), K12-16 K15's
+    # (B, L, C): K4's walk design alone (K5 and K6 take K4's measurement, but its 4-channel state does not fit them)
     assert narrow == {"fp16_bcl_k8": [lane.name], "fp16_bcl_k9": [lane.name.replace("_k8_", "_k9_")],
-                      **{f"fp16_bcl_k{k}": [split.name.replace("_k15_", f"_k{k}_")] for k in range(12, 17)}}
+                      **{f"fp16_bcl_k{k}": [split.name.replace("_k15_", f"_k{k}_")] for k in range(12, 17)},
+                      "fp16_blc_k4": [walk.name]}
     assert m["generic"]["fast_narrow"] == {} and m["generic"]["fast"] == before["generic"]["fast"]
     assert freeze.stale_entries(tmp_path) == []
     mod = load_frozen(tmp_path, "dwgen_frozen_narrow")
@@ -372,10 +379,10 @@ def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_
     assert t.fast_bwd_narrow == narrow and not t.warnings
     _, fast, _ = mod._table_rows(t)
     assert all(len(r) == 10 for r in fast)
-    assert sorted(r[4:6] for r in fast if r[4] > 0) == [[1, 1]] * 5 + [[1, 2]] * 2  # rank, scope number
+    assert sorted(r[4:6] for r in fast if r[4] > 0) == [[1, 1]] * 5 + [[1, 2]] * 2 + [[1, 3]]  # rank, scope number
     # without tensor cores the split kernels are left out; the lane ones stay
     assert mod._trusted(m, tmp_path, "9.0", tensor_cores=False).fast_bwd_narrow == {
-        key: names for key, names in narrow.items() if key in ("fp16_bcl_k8", "fp16_bcl_k9")}
+        key: names for key, names in narrow.items() if key in ("fp16_bcl_k8", "fp16_bcl_k9", "fp16_blc_k4")}
 
     def on_any_device(x, weight, bias, stride, padding, dilation, activation):  # the rule, without a GPU
         left, right = mod._paddings(padding, weight.shape[2], stride, dilation)
@@ -396,6 +403,20 @@ def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_
     # an x off a 16-byte boundary (both stage 16-byte vectors): what runs it without narrow designs
     assert choice(8, "causal", offset=1) == choice(8, 8, offset=1) != lane.name
     assert choice(15, 7, offset=1) == choice(15, 15, offset=1) != split.name
+
+    def choice_blc(padding, activation=None, length=1000, channels=8, offset=0):
+        n = 2 * channels * length
+        x = torch.zeros(n + 8, dtype=torch.float16)[offset:offset + n].view(2, length, channels).transpose(1, 2)
+        w = torch.zeros(channels, 1, 4, dtype=torch.float16)
+        return mod.kernel_for(x, w, None, 1, padding, 1, direction="bwd", activation=activation)
+
+    # the walk: the halo on the left, any right padding, SiLU too; else the fused kernel; channels not whole
+    # 4-channel vectors or an x off their 8-byte boundary go where they went without narrow designs
+    assert choice_blc("causal") == choice_blc("causal", "silu") == choice_blc(3) == choice_blc(3, "silu") == walk.name
+    assert choice_blc("causal", length=1001) == walk.name
+    assert choice_blc("same") == choice_blc(1) == choice_blc(4) == fused["blc4"].name
+    assert choice_blc("causal", channels=6) == choice_blc(4, channels=6) != walk.name
+    assert choice_blc("causal", offset=1) == choice_blc(4, offset=1) != walk.name
 
 
 def test_only_kernels_whose_launch_peels_the_head_are_recorded_as_taking_a_misaligned_x(tmp_path):
@@ -464,6 +485,7 @@ def test_the_launcher_and_the_python_dispatch_agree_on_the_fast_kernels_reach_an
     """Both dispatchers say which K the fast generic kernels cover and when a lent kernel runs; the C++ one is
     checked in the committed launcher's text (no compiler needed)."""
     from dwgen import frozen_dispatch
+    from dwgen.space import LEFT_HALO_SPAN
 
     m = freeze.read_manifest(freeze.DEFAULT_DIR)
     text = (freeze.DEFAULT_DIR / m["launcher"]).read_text()
@@ -478,7 +500,9 @@ def test_the_launcher_and_the_python_dispatch_agree_on_the_fast_kernels_reach_an
     assert "case 2: return x.size(2) % (16 / x.element_size()) == 0 && x.size(0) <= 65535 && x.size(2) <= (1 << 30) &&" \
         in text
     assert "((pl == h && pr == 0) || (pl == h / 2 && pr == h - h / 2 && act == 0));" in text
-    assert frozen_dispatch._SCOPES == ("any", "within_halo", "causal_or_centred")
+    assert "case 3: return pl == h && Lout <= (1 << 30) && x.size(0) * ((Lout + 1023) / 1024) <= 65535;" in text
+    assert frozen_dispatch._LEFT_HALO_SPAN == LEFT_HALO_SPAN == 1024
+    assert frozen_dispatch._SCOPES == ("any", "within_halo", "causal_or_centred", "left_halo")
     assert frozen_dispatch._SIGNATURE_FIELDS == ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
     assert "int64_t v[6] = {K, S, D, dtype, layout, act};" in text
 
@@ -500,10 +524,11 @@ def test_the_python_dispatch_and_the_registry_agree_on_the_narrow_scopes():
         h = k - 1
         left = rng.choice([0, h // 2, h, h + 1, rng.randint(0, 20)])
         right = rng.choice([0, h - left, h - h // 2, left, rng.randint(0, 20)])
-        length = rng.choice([8, 16, 1000, 1001, 4096, 4099, 2**30, 2**30 + 8]) + h
+        length = rng.choice([8, 16, 1000, 1001, 4096, 4099, 65536, 2**30, 2**30 + 8]) + h
         if length + left + right - h < 1 or right < 0:
             continue
-        batch = rng.choice([1, 2, 65535, 65536]) if length < 2**20 else 1  # under 2**31 elements
+        # under 2**31 elements; the walk's grid rule near its edge: 64 rows of 2^20 outputs, 65535 of 1024
+        batch = rng.choice([1, 2, 64, 65535, 65536]) if length < 2**15 else rng.choice([1, 64]) if length < 2**20 else 1
         p = Problem(batch, 1, length, k, 1, left, 1, rng.choice(["fp32", "fp16", "bf16"]), padding_right=right,
                     activation=rng.choice(["none", "silu"]))
         for scope in frozen_dispatch._SCOPES:

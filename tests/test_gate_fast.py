@@ -44,14 +44,14 @@ def test_a_wrong_dispatch_or_result_is_one_line_each(monkeypatch):
 
 def test_each_narrow_fast_kernel_is_called_in_its_scope_causal_and_centred_plain_and_with_silu(tmp_path, monkeypatch):
     """The gate's walk over the narrow fast generic kernels (frozen here beside the fused ones: the lane backward
-    at fp16 K8, the split one at fp16 K15), each call dispatched by the module's own rule on CPU tensors (a
+    at fp16 K8, the split one at fp16 K15, the walk one at fp16 (B, L, C) K4), each call dispatched by the module's own rule on CPU tensors (a
     centred call of an even filter as padding='same') and the op call stood in for: nothing fails, and each
     narrow kernel gets the calls of its scope."""
     import torch
 
     from tests.test_freeze import freeze_with_narrow_designs
 
-    _, fused, lane, split = freeze_with_narrow_designs(tmp_path)
+    _, fused, lane, split, walk = freeze_with_narrow_designs(tmp_path)
     mod = gate.load_frozen(tmp_path, "dwgen_frozen_gate_narrow")
     t = mod._trusted(mod.MANIFEST, tmp_path, "9.0")
     monkeypatch.setattr(mod, "tables", lambda device=None: t)
@@ -62,21 +62,27 @@ def test_each_narrow_fast_kernel_is_called_in_its_scope_causal_and_centred_plain
 
     monkeypatch.setattr(mod, "_validate", on_any_device)
     monkeypatch.setattr(gate.check, "make_inputs", lambda q, seed: (
-        torch.zeros(q.batch, q.channels, q.length, dtype=torch.float16),
+        torch.zeros(q.batch, q.length, q.channels, dtype=torch.float16).transpose(1, 2) if q.layout == "blc"
+        else torch.zeros(q.batch, q.channels, q.length, dtype=torch.float16),
         torch.zeros(q.channels, 1, q.kernel_size, dtype=torch.float16), None))
     called = []
     monkeypatch.setattr(gate, "_through_the_op", lambda mod, q, d, seed, cache: called.append((q, d)))
     assert gate._fast_narrow_calls(mod, None) == []
     # the paddings only the op's pad_left and pad_right give, (0, H) and (H, 1): run through the op, not dispatched
     uneven = [q for q, _ in called if not (q.symmetric or q.causal or q.paddings == (q.halo // 2, q.halo - q.halo // 2))]
-    assert {q.paddings for q in uneven} == {(0, k - 1) for k in (8, 9, 12, 13, 14, 15, 16)} | {
-        (k - 1, 1) for k in (8, 9, 12, 13, 14, 15, 16)}
-    runs = {(q.kernel_size, q.paddings, q.length, q.activation): mod.kernel_for(
+    assert {q.paddings for q in uneven} == {(0, k - 1) for k in (4, 8, 9, 12, 13, 14, 15, 16)} | {
+        (k - 1, 1) for k in (4, 8, 9, 12, 13, 14, 15, 16)}
+    runs = {(q.kernel_size, q.layout, q.paddings, q.length, q.activation): mod.kernel_for(
         gate.check.make_inputs(q, 0)[0], torch.zeros(q.channels, 1, q.kernel_size, dtype=torch.float16), None,
         **gate._call_kwargs(q), direction="bwd") for q, d in called if q not in uneven}
-    assert runs[(8, (7, 0), 304, "none")] == runs[(8, (7, 0), 304, "silu")] == lane.name
-    assert runs[(8, (3, 4), 304, "none")] == lane.name and runs[(8, (3, 4), 304, "silu")] == fused[8].name
-    assert runs[(8, (7, 0), 301, "none")] == fused[8].name  # a row that is not whole vectors
-    assert runs[(15, (14, 14), 304, "none")] == split.name and runs[(15, (14, 14), 304, "silu")] == fused[15].name
-    assert runs[(15, (14, 0), 301, "none")] == runs[(15, (7, 7), 304, "none")] == split.name
+    c = "bcl"
+    assert runs[(8, c, (7, 0), 304, "none")] == runs[(8, c, (7, 0), 304, "silu")] == lane.name
+    assert runs[(8, c, (3, 4), 304, "none")] == lane.name and runs[(8, c, (3, 4), 304, "silu")] == fused[8].name
+    assert runs[(8, c, (7, 0), 301, "none")] == fused[8].name  # a row that is not whole vectors
+    assert runs[(15, c, (14, 14), 304, "none")] == split.name and runs[(15, c, (14, 14), 304, "silu")] == fused[15].name
+    assert runs[(15, c, (14, 0), 301, "none")] == runs[(15, c, (7, 7), 304, "none")] == split.name
+    # the walk: causal on any row, plain and with SiLU; centred (1, 2) is the fused kernel's
+    assert runs[(4, "blc", (3, 0), 304, "none")] == runs[(4, "blc", (3, 0), 304, "silu")] == walk.name
+    assert runs[(4, "blc", (3, 0), 301, "silu")] == walk.name
+    assert runs[(4, "blc", (1, 2), 304, "none")] == fused["blc4"].name
     assert {d for _, d in called} == {"bwd"} and len(called) >= 2 * 3 * 2

@@ -315,10 +315,11 @@ def test_the_checks_ask_a_lane_candidate_for_what_each_call_s_padding_takes(monk
 def test_backward_candidates_are_valid_distinct_and_hold_the_first_design(dtype, layout):
     """Every K has the fused backward's first design (today's fast generic backward) among its candidates, and
     short filters several more, all of the family that takes every call of the key; over (B, C, L) the lane
-    backward's designs up to K9 and for 16-bit from K8 the split backward's (chosen beside a fused one, for the
-    calls their scopes admit), each on a stand-in its scope takes."""
-    from dwgen.families import bwd, bwdtc
-    from dwgen.space import generic_problem, scope_admits, violations
+    backward's designs up to K9 and for 16-bit from K10 the split backward's, over (B, L, C) the walk backward's
+    (up to K4 in fp32, K9 in 16-bit: its registers) (chosen beside a fused one, for the calls their scopes admit),
+    each on a stand-in its scope takes."""
+    from dwgen.families import bwd, bwdtc, bwdwalk
+    from dwgen.space import LEFT_HALO_SPAN, generic_problem, scope_admits, violations
 
     for k in GENERIC_KERNEL_SIZES:
         variants = candidate_variants(k, dtype, layout, "bwd")
@@ -327,13 +328,17 @@ def test_backward_candidates_are_valid_distinct_and_hold_the_first_design(dtype,
         assert all(v.direction == "bwd" for v in variants)
         families = {v.family.name for v in variants}
         want = {"dw1d_bwd"} | ({"dw1d_bwdlane"} if layout == "bcl" and k <= 9 else set()) | (
-            {"dw1d_bwdtc"} if DTYPES[dtype].bytes == 2 and layout == "bcl" and k >= bwdtc.MIN_TAPS else set())
+            {"dw1d_bwdtc"} if DTYPES[dtype].bytes == 2 and layout == "bcl" and k >= bwdtc.MIN_TAPS else set()) | (
+            {"dw1d_bwdwalk"} if layout == "blc" and k <= (4 if dtype == "fp32" else 9) else set())
         assert families == want, f"{dtype} {layout} K{k}: {families}"
+        walks = [v for v in variants if v.family.name == "dw1d_bwdwalk"]
+        assert all(bwdwalk.Tiling(v.problem, v.config).span >= LEFT_HALO_SPAN for v in walks)  # the scope's grid rule
         fused = [v for v in variants if v.family.name == "dw1d_bwd"]
         assert bwd.generic_config(generic_problem(k, dtype, layout)) in [v.config for v in fused]
         assert len(fused) >= (4 if k <= 8 else 2), f"{dtype} {layout} K{k}: only {names}"
         assert all(v.family.generic_scope == "any" for v in fused)
-        assert all(v.family.generic_scope in ("within_halo", "causal_or_centred") for v in variants if v not in fused)
+        assert all(v.family.generic_scope in ("within_halo", "causal_or_centred", "left_halo")
+                   for v in variants if v not in fused)
         assert all(scope_admits(v.family.generic_scope, v.problem) and not violations(v.problem, v.config, "bwd")
                    for v in variants)
 

@@ -51,7 +51,8 @@ def launch_codes(exe, calls) -> list[int]:
     return codes
 
 
-KEYS = (("bf16", 4), ("fp32", 7), ("fp16", 9))
+KEYS = (("bf16", 4, "bcl"), ("fp32", 7, "bcl"), ("fp16", 9, "bcl"), ("bf16", 4, "blc"), ("fp16", 7, "blc"),
+        ("fp32", 3, "blc"))
 
 
 def asked(candidate, problem) -> list:
@@ -70,16 +71,17 @@ def asked(candidate, problem) -> list:
     return seen
 
 
-@pytest.mark.parametrize("dtype,k", KEYS, ids=[f"{d}_k{k}" for d, k in KEYS])
-def test_each_call_the_checks_make_of_a_generic_backward_candidate_is_taken_by_its_launch(dtype, k, tmp_path):
+@pytest.mark.parametrize("dtype,k,layout", KEYS, ids=[f"{d}_{lay}_k{k}" for d, k, lay in KEYS])
+def test_each_call_the_checks_make_of_a_generic_backward_candidate_is_taken_by_its_launch(dtype, k, layout, tmp_path):
     from dwgen.space import scope_admits
     from search.generic import candidate_variants, training_problems
 
-    variants = [v for v in candidate_variants(k, dtype, "bcl", "bwd") if v.family.name != "dw1d_bwdtc"]
-    assert {v.family.generic_scope for v in variants} == {"any", "causal_or_centred"}
+    variants = [v for v in candidate_variants(k, dtype, layout, "bwd") if v.family.name != "dw1d_bwdtc"]
+    narrow = "causal_or_centred" if layout == "bcl" else "left_halo"
+    assert {v.family.generic_scope for v in variants} == {"any", narrow}
     exes = build_all(variants, tmp_path, DRY_MAIN)
     refused = []
-    for p in training_problems(k, dtype, "bcl", "bwd"):
+    for p in training_problems(k, dtype, layout, "bwd"):
         for v in (v for v in variants if scope_admits(v.family.generic_scope, p)):
             calls = asked(v, p)
             refused += [f"{v.name} on {q.key} ({q.activation}, measured on {p.key}): {rc}"
@@ -131,3 +133,41 @@ def test_a_narrow_lane_kernel_takes_every_call_its_scope_admits():
             codes = launch_codes(exes[v.name], calls)
             refused = [f"{q.key}: {rc}" for q, rc in zip(calls, codes, strict=True) if rc != 0]
             assert not refused, f"{v.name} refused {len(refused)} of the calls its scope admits, e.g. {refused[:3]}"
+
+
+WALK_SIGNATURES = (("bf16", 1), ("bf16", 4), ("fp16", 9), ("fp32", 4))
+
+
+def test_a_narrow_walk_kernel_takes_every_call_its_scope_admits(tmp_path):
+    """The same for the walk backward over (B, L, C) (scope left_halo): each of search.generic's walk designs that
+    fits, on its scope's stand-in, takes every call space.scope_admits("left_halo", ...) lets the dispatcher send
+    it: the halo on the left, any right padding, SiLU or not, channels in whole vectors, batches and rows up to
+    the grid's bound (B * ceil(Lout / 1024) <= 65535)."""
+    import random
+
+    from dwgen.problem import Problem, ProblemError
+    from dwgen.space import Variant, generic_problem, scope_admits, scope_stand_in, violations
+    from search.generic import bwd_candidates
+
+    designs = [c for c in bwd_candidates("bf16", "blc") if type(c).__module__.endswith("bwdwalk")]
+    variants = []
+    for dtype, k in WALK_SIGNATURES:
+        stand_in = scope_stand_in(generic_problem(k, dtype, "blc"), "left_halo")
+        variants += [Variant(stand_in, c, "bwd") for c in designs if not violations(stand_in, c, "bwd")]
+    assert len(variants) >= 2 * len(WALK_SIGNATURES)
+    exes = build_all(variants, tmp_path, DRY_MAIN)
+    rng = random.Random(40)
+    for v in variants:
+        p, h, calls = v.problem, v.problem.halo, []
+        while len(calls) < 200:
+            try:  # Problem itself refuses 2^31 elements or more (the dispatchers' fits() too)
+                q = Problem(rng.choice([1, 2, 3, 64, 1000, 65535]), v.config.vec * rng.choice([1, 5, 192, 4096]),
+                            rng.choice([1, 7, 300, 1024, 1025, 1 << 17, 1 << 20]), p.kernel_size, 1, h, 1, p.dtype,
+                            padding_right=rng.choice([0, 1, h, 100]), bias=rng.random() < 0.5, layout="blc",
+                            activation=rng.choice(ACTIVATIONS))
+            except ProblemError:
+                continue
+            if scope_admits("left_halo", q):
+                calls.append(q)
+        refused = [f"{q.key}: {rc}" for q, rc in zip(calls, launch_codes(exes[v.name], calls), strict=True) if rc != 0]
+        assert not refused, f"{v.name} refused {len(refused)} of the calls its scope admits, e.g. {refused[:3]}"

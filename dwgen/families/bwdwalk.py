@@ -32,6 +32,13 @@ AXES: dict[str, tuple] = {
     "stages": (0, 3, 4, 6),
 }
 
+# As a fast generic backward (search.generic): its launch takes any B, C and L (no size is compiled in), so beside a
+# fused design it serves calls whose left padding is the halo (causal, or any right padding) with or without
+# SiLU, channels in whole vectors (space.scope_admits; the dispatchers' fits() checks the channels); its grid's
+# second dimension, B times a row's blocks, holds for every call the scope admits at spans of 1024 positions or
+# more (space.LEFT_HALO_SPAN: every design search.generic weighs)
+GENERIC_SCOPE = "left_halo"
+
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_STATE_FLOATS = 80  # weights, windows and sums a thread holds for its channels
 
