@@ -260,10 +260,16 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
         """Trusted, of the table's direction and of a family whose scope the table holds (a narrow table only
         narrow ones); without tensor cores, not of a tensor-core family (its calls run the generic kernel, or
         the key's other fast kernel)."""
-        family = t.kernels[name][1]["config"].get("family") if name in t.kernels else None
+        config = t.kernels[name][1]["config"] if name in t.kernels else {}
+        family = config.get("family")
         if name in t.kernels and (family in _NARROW_SCOPES) != narrow:
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its family "
                               f"serves {'some calls only' if not narrow else 'every call'}, not what its table holds")
+            return False
+        span = config["threads"] // config["ct"] * config["seg"] if _NARROW_SCOPES.get(family) == "left_halo" else None
+        if span is not None and span < _LEFT_HALO_SPAN:
+            t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its blocks "
+                              f"cover fewer than the {_LEFT_HALO_SPAN} positions its scope's grid rule counts on")
             return False
         return (name in t.kernels and t.kernels[name][1]["direction"] == direction
                 and (tensor_cores or family not in TC_FAMILIES))

@@ -217,8 +217,12 @@ def _fast_narrow_calls(mod, cache) -> list[str]:
                     if why is not None:
                         failures.append(f"{why} (a narrow fast kernel's scope)")
                 if direction == "bwd":  # paddings only the op's own pad_left and pad_right give: (0, H) and (H, 1)
-                    for call in (replace(q, length=301, padding=0, padding_right=h),
-                                 replace(q, length=301, padding=h, padding_right=min(1, h))):
+                    # and for a walk, grad_out rows longer than x: the halo on both sides, and 300 on the right (a
+                    # thread's whole walk past x's row)
+                    walk = [(h, h), (h, 300)] if mod._scope(t, name) == "left_halo" else []
+                    for call in [replace(q, length=301, padding=0, padding_right=h),
+                                 replace(q, length=301, padding=h, padding_right=min(1, h)),
+                                 *(replace(q, length=301, padding=a, padding_right=b) for a, b in walk)]:
                         why = _through_the_op(mod, call, direction, 9, cache)
                         if why is not None:
                             failures.append(f"{why} (a narrow fast kernel's scope, uneven padding)")

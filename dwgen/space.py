@@ -417,6 +417,15 @@ def scope_admits(scope: str, p: Problem) -> bool:
     raise ValueError(f"unknown generic scope {scope!r}")
 
 
+def scope_violations(p: Problem, c, scope: str | None) -> list[str]:
+    """What keeps a design from serving its scope's calls as a fast generic kernel beyond the family's own
+    restrictions (violations): a walk backward whose blocks cover fewer than LEFT_HALO_SPAN positions, whose grid
+    would outgrow what the left_halo rule admits."""
+    if scope == "left_halo" and c.threads // c.ct * c.seg < LEFT_HALO_SPAN:
+        return [f"a span of {c.threads // c.ct * c.seg} positions, under the left_halo scope's {LEFT_HALO_SPAN}"]
+    return []
+
+
 def scope_stand_in(p: Problem, scope: str | None) -> Problem:
     """The stand-in a design of a narrower family is specialised to and checked on as a fast generic kernel: a
     call its scope takes, large enough that no size restriction of the family refuses a design (their sizes and
@@ -444,9 +453,9 @@ def narrow_variants(chosen: dict[str, dict] | None, narrow: dict[str, list[dict]
                 p = generic_problem(k, dtype, layout)
                 configs = [make_config(p, params, direction)
                            for params in narrow.get(_measured_source(chosen or {}, p, direction) or "", [])]
-                variants = [Variant(q, c, direction) for c in configs
-                            if not violations(q := scope_stand_in(p, family_of_config(p, c, direction).generic_scope),
-                                              c, direction)]
+                scopes = [family_of_config(p, c, direction).generic_scope for c in configs]
+                variants = [Variant(q, c, direction) for c, s in zip(configs, scopes, strict=True)
+                            if not violations(q := scope_stand_in(p, s), c, direction) and not scope_violations(q, c, s)]
                 if variants:
                     out.append(variants)
     return out

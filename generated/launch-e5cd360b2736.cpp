@@ -764,6 +764,7 @@ struct Choice {
 
 constexpr int MAX_K = 16;  // the fast generic kernels cover K 1..MAX_K
 constexpr int MAX_NARROW = 2;  // fast generic kernels a key chosen beside its kernel for some calls
+constexpr int MAX_SCOPE = 3;   // the last of the scopes' numbers (frozen_dispatch._SCOPES; admits() says each)
 struct Tables {
     bool installed = false;
     std::unordered_map<std::string, Choice> tuned[2];  // [direction] problem key (tuned_key) -> kernel
@@ -839,7 +840,7 @@ void install(int64_t device, const std::vector<std::vector<int64_t>>& tuned,
     }
     for (const auto& r : fast) {
         DWGEN_CHECK(Error, r.size() == 10 && r[0] >= 0 && r[0] < 2 && r[1] >= 0 && r[1] < 3 && r[2] >= 0 && r[2] < 2 &&
-                        r[3] >= 1 && r[3] <= MAX_K && r[4] >= 0 && r[4] <= MAX_NARROW && r[5] >= 0 && r[5] <= 2,
+                        r[3] >= 1 && r[3] <= MAX_K && r[4] >= 0 && r[4] <= MAX_NARROW && r[5] >= 0 && r[5] <= MAX_SCOPE,
                     "dwgen: a bad fast table row");
         Choice c = choice_of(r, 6);
         c.scope = static_cast<int32_t>(r[5]);

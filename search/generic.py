@@ -33,6 +33,7 @@ from dwgen.space import (
     generic_problem,
     scope_admits,
     scope_stand_in,
+    scope_violations,
     violations,
 )
 
@@ -141,8 +142,8 @@ def candidate_variants(k: int, dtype: str, layout: str, direction: str = "fwd") 
         designs.append(first)
     out = []
     for c in designs:  # a narrower family's design on a stand-in of its scope (scope_stand_in)
-        q = scope_stand_in(stand_in, family_of_config(stand_in, c, direction).generic_scope)
-        if not violations(q, c, direction):
+        q = scope_stand_in(stand_in, scope := family_of_config(stand_in, c, direction).generic_scope)
+        if not violations(q, c, direction) and not scope_violations(q, c, scope):
             out.append(Variant(q, c, direction))
     return out
 

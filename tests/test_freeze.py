@@ -159,6 +159,12 @@ def test_frozen_launcher_builds_for_every_walk(tmp_path):
             "    try: ext.install(0, tuned, fast, rows)\n"
             "    except RuntimeError as e: assert any(w in str(e) for w in ('direction', 'lent')), e\n"
             "    else: raise SystemExit(f'install took lent {rows}')\n"
+            # a narrow row of each scope frozen_dispatch numbers (the last, left_halo, is 3) and none past them
+            "assert fast, 'no fast rows'\n"
+            "for s in (1, 2, 3): ext.install(0, tuned, fast + [[*fast[0][:4], 1, s, *fast[0][6:]]], lent)\n"
+            "try: ext.install(0, tuned, fast + [[*fast[0][:4], 1, 4, *fast[0][6:]]], lent)\n"
+            "except RuntimeError as e: assert 'fast table row' in str(e), e\n"
+            "else: raise SystemExit('install took a scope past the last')\n"
             "print('built')")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -380,6 +386,14 @@ def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_
     _, fast, _ = mod._table_rows(t)
     assert all(len(r) == 10 for r in fast)
     assert sorted(r[4:6] for r in fast if r[4] > 0) == [[1, 1]] * 5 + [[1, 2]] * 2 + [[1, 3]]  # rank, scope number
+    # a walk whose blocks cover under 1024 positions (its scope's grid rule counts on them) is refused, with a warning
+    import copy
+
+    short = copy.deepcopy(m)
+    record = next(k for k in short["kernels"] if k["name"] == walk.name)
+    record["config"] = {**record["config"], "seg": 128, "threads": 128}
+    ts = mod._trusted(short, tmp_path, "9.0")
+    assert "fp16_blc_k4" not in ts.fast_bwd_narrow and any(walk.name in w and "1024" in w for w in ts.warnings)
     # without tensor cores the split kernels are left out; the lane ones stay
     assert mod._trusted(m, tmp_path, "9.0", tensor_cores=False).fast_bwd_narrow == {
         key: names for key, names in narrow.items() if key in ("fp16_bcl_k8", "fp16_bcl_k9", "fp16_blc_k4")}
@@ -503,6 +517,7 @@ def test_the_launcher_and_the_python_dispatch_agree_on_the_fast_kernels_reach_an
     assert "case 3: return pl == h && Lout <= (1 << 30) && x.size(0) * ((Lout + 1023) / 1024) <= 65535;" in text
     assert frozen_dispatch._LEFT_HALO_SPAN == LEFT_HALO_SPAN == 1024
     assert frozen_dispatch._SCOPES == ("any", "within_halo", "causal_or_centred", "left_halo")
+    assert f"constexpr int MAX_SCOPE = {len(frozen_dispatch._SCOPES) - 1};" in text and "r[5] <= MAX_SCOPE," in text
     assert frozen_dispatch._SIGNATURE_FIELDS == ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")
     assert "int64_t v[6] = {K, S, D, dtype, layout, act};" in text
 

@@ -71,7 +71,7 @@ def test_each_narrow_fast_kernel_is_called_in_its_scope_causal_and_centred_plain
     # the paddings only the op's pad_left and pad_right give, (0, H) and (H, 1): run through the op, not dispatched
     uneven = [q for q, _ in called if not (q.symmetric or q.causal or q.paddings == (q.halo // 2, q.halo - q.halo // 2))]
     assert {q.paddings for q in uneven} == {(0, k - 1) for k in (4, 8, 9, 12, 13, 14, 15, 16)} | {
-        (k - 1, 1) for k in (4, 8, 9, 12, 13, 14, 15, 16)}
+        (k - 1, 1) for k in (4, 8, 9, 12, 13, 14, 15, 16)} | {(3, 300)}  # the walk's grad_out far past x
     runs = {(q.kernel_size, q.layout, q.paddings, q.length, q.activation): mod.kernel_for(
         gate.check.make_inputs(q, 0)[0], torch.zeros(q.channels, 1, q.kernel_size, dtype=torch.float16), None,
         **gate._call_kwargs(q), direction="bwd") for q, d in called if q not in uneven}
@@ -85,4 +85,5 @@ def test_each_narrow_fast_kernel_is_called_in_its_scope_causal_and_centred_plain
     assert runs[(4, "blc", (3, 0), 304, "none")] == runs[(4, "blc", (3, 0), 304, "silu")] == walk.name
     assert runs[(4, "blc", (3, 0), 301, "silu")] == walk.name
     assert runs[(4, "blc", (1, 2), 304, "none")] == fused["blc4"].name
+    assert runs[(4, "blc", (3, 3), 301, "none")] == walk.name  # the halo on both sides
     assert {d for _, d in called} == {"bwd"} and len(called) >= 2 * 3 * 2

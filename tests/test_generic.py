@@ -382,3 +382,23 @@ def test_a_measured_backward_design_becomes_the_fast_generic_backward_and_leaves
     # K5 nobody measured takes K4's design where it fits (the nearest measured K)
     assert "dw1d_bwd_bf16_k5_t128_o8_raw_b4" in bwd_names
     assert {v.name for v in generic_variants(chosen)} == {v.name for v in generic_variants()}
+
+
+def test_a_walk_design_of_short_blocks_never_serves_the_left_halo_scope():
+    """The left_halo rule admits B * ceil(Lout / 1024) blocks along the walk's grid y; a walk design whose blocks
+    cover fewer positions would be refused by its own launch on calls the rule admits, so it is neither a
+    candidate nor rendered as a narrow kernel (the family's own restrictions pass it on the stand-in)."""
+    from dwgen.families import bwdwalk
+    from dwgen.space import generic_problem, narrow_variants, scope_stand_in, scope_violations, violations
+
+    short = bwdwalk.Config(threads=128, ct=32, vec=4, seg=128, unroll=4, stages=3)  # 4 rows x 128 = 512
+    q = scope_stand_in(generic_problem(4, "bf16", "blc"), "left_halo")
+    assert not violations(q, short, "bwd") and scope_violations(q, short, "left_halo")
+    assert not scope_violations(q, bwdwalk.KNOWN_GOOD[0], "left_halo")
+    chosen = {"bf16_blc_k4_bwd": {"threads": 128, "outs": 16, "tc": 64, "stage": "async", "tiles": 4}}
+    narrow = {"bf16_blc_k4_bwd": [{"family": "dw1d_bwdwalk", **short.__dict__}]}
+    assert narrow_variants(chosen, narrow, "bwd") == []
+    narrow = {"bf16_blc_k4_bwd": [{"family": "dw1d_bwdwalk", **bwdwalk.KNOWN_GOOD[0].__dict__}]}
+    # every K follows the one measurement; the 4-channel design's state fits K <= 4
+    assert [v.name for vs in narrow_variants(chosen, narrow, "bwd") for v in vs] == [
+        f"dw1d_bwdwalk_bf16_k{k}_t256_c64_v4_s256_u4_a3" for k in (1, 2, 3, 4)]
