@@ -29,6 +29,8 @@ from dwgen.space import FAMILIES, Variant, direction_key, make_config
 
 # each family's scope as a fast generic kernel, by name (the kernel records name a family that is not primary)
 GENERIC_SCOPES_OF = {f.name: f.generic_scope for fs in FAMILIES.values() for f in fs}
+# the scopes whose kernels take causal calls (the lane and walk backwards): their base problems are causal
+CAUSAL_SCOPES = ("causal_or_centred", "left_halo")
 
 SEEDS = (0, 1)
 
@@ -60,7 +62,7 @@ def signature_problem(k: dict) -> Problem:
     s = k["signature"]
     p = Problem(4, 64, 1000, s["kernel_size"], s["stride"], (s["kernel_size"] - 1) // 2 * s["dilation"],
                 s["dilation"], s["dtype"], layout=s["layout"])
-    if GENERIC_SCOPES_OF.get(k["config"].get("family")) in ("causal_or_centred", "left_halo"):
+    if GENERIC_SCOPES_OF.get(k["config"].get("family")) in CAUSAL_SCOPES:
         p = replace(p, padding=p.halo, padding_right=0)
     return p
 
@@ -202,7 +204,7 @@ def _fast_narrow_calls(mod, cache) -> list[str]:
                 # within-halo one (neither causal nor centred: a lane kernel before it in the list does not take
                 # it); then causal on a row that is not whole vectors (which a lane kernel does not take either)
                 # and centred
-                causal = mod._scope(t, name) in ("causal_or_centred", "left_halo")
+                causal = mod._scope(t, name) in CAUSAL_SCOPES
                 q = Problem(2, 3 * multiple, 304, k, 1, h, 1, dtype, bias=True, layout=layout,
                             padding_right=0 if causal else h)
                 calls = [q, replace(q, length=301, padding_right=0), replace(q, padding=h // 2, padding_right=h - h // 2)]

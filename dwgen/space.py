@@ -421,8 +421,8 @@ def scope_violations(p: Problem, c, scope: str | None) -> list[str]:
     """What keeps a design from serving its scope's calls as a fast generic kernel beyond the family's own
     restrictions (violations): a walk backward whose blocks cover fewer than LEFT_HALO_SPAN positions, whose grid
     would outgrow what the left_halo rule admits."""
-    if scope == "left_halo" and c.threads // c.ct * c.seg < LEFT_HALO_SPAN:
-        return [f"a span of {c.threads // c.ct * c.seg} positions, under the left_halo scope's {LEFT_HALO_SPAN}"]
+    if scope == "left_halo" and (span := bwdwalk.Tiling(p, c).span) < LEFT_HALO_SPAN:
+        return [f"a span of {span} positions, under the left_halo scope's {LEFT_HALO_SPAN}"]
     return []
 
 
