@@ -645,19 +645,32 @@ def _admits(scope: str, k: int, left: int, right: int, activation, batch: int, l
     return scope == "any"
 
 
-def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction="fwd", activation=None) -> str:
+def _layout(x) -> str | None:
+    """ "bcl" for a contiguous x, "blc" for a (B, L, C)-contiguous tensor viewed as (B, C, L) (every stride
+    exact, size-1 dimensions too), else None: the C++ layout_of's rule, so that kernel_for names what runs."""
+    if x.is_contiguous():
+        return "bcl"
+    _, c, length = x.shape
+    return "blc" if x.stride() == (c * length, 1, c) else None
+
+
+def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction="fwd", activation=None,
+               grad_out=None) -> str:
     """Name of the kernel depthwise_conv1d would run for these arguments (its backward, for direction bwd);
     the same choice as the C++ dispatcher makes. A tuned kernel is chosen only for the problem it was tuned
     for, paddings (left and right) and activation included, with or without bias (a run-time argument of every
-    kernel, each checked both ways): the kernel tuned with the call's bias first."""
+    kernel, each checked both ways): the kernel tuned with the call's bias first. For the backward, grad_out
+    (when given) must have x's layout and the kernel's alignment too, else the scalar kernel runs."""
     left, right, out_length = _validate(x, weight, bias, stride, padding, dilation, activation)
     if _BROKEN:
         raise RuntimeError(_BROKEN)
     t = tables(x.device.index)
     dtype, k = _DTYPES[x.dtype], weight.shape[2]
-    layout = "bcl" if x.is_contiguous() else "blc" if x.transpose(1, 2).is_contiguous() else None
+    layout = _layout(x)
     generic = MANIFEST["generic"]["scalar" if direction == "fwd" else "scalar_bwd"][dtype]["name"]
     if layout is None or x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:
+        return generic
+    if direction == "bwd" and grad_out is not None and _layout(grad_out) != layout:
         return generic
     tuned = t.tuned if direction == "fwd" else t.tuned_bwd
     keys = [(*x.shape, k, stride, left, right, dilation, dtype, b, layout, activation or "none")
@@ -666,7 +679,8 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     def takes_x(name: str) -> bool:
         kernel = t.kernels[name][1]
         align = x.element_size() if kernel["peels_misalignment"] else kernel["align_bytes"]
-        return x.shape[1] % kernel["channel_multiple"] == 0 and x.data_ptr() % align == 0
+        grad_aligned = grad_out is None or direction != "bwd" or grad_out.data_ptr() % kernel["align_bytes"] == 0
+        return x.shape[1] % kernel["channel_multiple"] == 0 and x.data_ptr() % align == 0 and grad_aligned
 
     name = tuned.get(keys[0], tuned.get(keys[1]))
     if name is not None and takes_x(name):

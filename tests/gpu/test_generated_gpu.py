@@ -236,6 +236,34 @@ def test_strided_inputs_are_read_through_their_strides():
     assert generated.kernel_for(wide, w, b, p.stride, p.padding, p.dilation) == scalar
 
 
+def test_layout_is_read_from_every_stride_as_the_dispatcher_does():
+    """One batch of (B, L, C) memory whose batch stride is not C * L: torch calls its transpose contiguous (a size-1
+    dimension's stride is ignored), the C++ dispatcher's layout_of does not, so the scalar kernel runs it and
+    kernel_for says so. A backward whose grad_out is (B, C, L) while x is (B, L, C) runs the scalar one too."""
+    import torch
+
+    import generated
+
+    p = Problem(1, 64, 1000, 3, 1, 1, dtype="bf16", layout="blc")
+    x, w, b = check.make_inputs(p, 3)
+    odd = torch.empty(x.numel() + 8, device="cuda", dtype=x.dtype).as_strided(tuple(x.shape), (7, 1, 64))
+    odd.copy_(x)
+    assert odd.transpose(1, 2).is_contiguous() and not odd.is_contiguous()
+    y = generated.depthwise_conv1d(odd, w, b, p.stride, p.padding, p.dilation)
+    ref, scale = check.reference(p, odd, w, b)
+    assert check.compare(p, y, ref, scale).ok
+    assert generated.kernel_for(odd, w, b, p.stride, p.padding) == MANIFEST["generic"]["scalar"]["bf16"]["name"]
+
+    generated.build()
+    op = check.through_backward_op(torch.ops.dwgen.depthwise_conv1d_backward.default)
+    outcome = check.check_backward(p, lambda q, x, w, b, gy, *grads: op(q, x, w, b, gy.contiguous(), *grads))
+    assert outcome.ok, outcome.message
+    gy = check.grad_output(p, 0, x.device)
+    scalar_bwd = MANIFEST["generic"]["scalar_bwd"]["bf16"]["name"]
+    assert generated.kernel_for(x, w, b, p.stride, p.padding, direction="bwd", grad_out=gy.contiguous()) == scalar_bwd
+    assert generated.kernel_for(x, w, b, p.stride, p.padding, direction="bwd", grad_out=gy) != scalar_bwd
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_empty_inputs_return_empty_results(dtype):
     import torch
