@@ -305,6 +305,24 @@ def _csv(text: str, allowed: tuple, what: str) -> list:
     return [names[x] for x in values]
 
 
+def dry_run(ks: list[int], dtypes: list[str], layouts: list[str], direction: str, build) -> int:
+    """Compile every candidate of each (dtype, layout, K) into the build cache; 1 when one fails to compile."""
+    variants = list({v.name: v for dtype in dtypes for layout in layouts for k in ks
+                     for v in candidate_variants(k, dtype, layout, direction)}.values())
+    t0 = time.perf_counter()
+    done = 0
+
+    def progress(b) -> None:
+        nonlocal done
+        done += 1
+        detail = "cached" if b.cached else f"{b.seconds:.0f} s" if b.ok else b.status
+        print(f"  [{done}/{len(variants)}] {b.name}: {detail}", flush=True)
+
+    failed = [b for b in build(variants, on_done=progress) if not b.ok]
+    print(f"compiled {len(variants) - len(failed)} of {len(variants)} candidates in {time.perf_counter() - t0:.0f} s")
+    return 1 if failed else 0
+
+
 def main(argv: list[str]) -> int:
     ap = cli.OneLineParser(prog="python -m search.generic", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -319,6 +337,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--freeze-once", action="store_true",
                     help="freeze (through the gate) once, after the last choice, not after each dtype and layout; "
                          "runs/generic/ keeps every choice meanwhile")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="compile the candidates into runs/build/ for --arch and stop (no GPU needed): carried to "
+                         "the GPU host, the search there measures without compiling them again")
+    ap.add_argument("--arch", default="sm_90", help="target of --dry-run builds (the search builds for its GPU)")
     a = ap.parse_args(argv)
     try:
         ks = _csv(a.kernel_sizes, GENERIC_KERNEL_SIZES, "K")
@@ -330,6 +352,8 @@ def main(argv: list[str]) -> int:
     from dwgen import freeze
     from search import workflow
 
+    if a.dry_run:
+        return dry_run(ks, dtypes, layouts, a.direction, workflow.make_builder(Path("runs") / "build", a.arch, a.jobs))
     try:
         build = workflow.gpu_builder(Path("runs"), a.jobs)
     except workflow.UserError as e:

@@ -402,3 +402,28 @@ def test_a_walk_design_of_short_blocks_never_serves_the_left_halo_scope():
     # every K follows the one measurement; the 4-channel design's state fits K <= 4
     assert [v.name for vs in narrow_variants(chosen, narrow, "bwd") for v in vs] == [
         f"dw1d_bwdwalk_bf16_k{k}_t256_c64_v4_s256_u4_a3" for k in (1, 2, 3, 4)]
+
+
+def test_a_dry_run_compiles_each_candidate_once_and_fails_when_one_does_not(capsys):
+    """--dry-run hands every candidate of the keys to the builder (a design shared by two keys once) and says
+    which failed; no GPU is asked for."""
+    from types import SimpleNamespace
+
+    from search.generic import dry_run
+
+    seen = []
+
+    def build(variants, on_done=None):
+        seen.extend(v.name for v in variants)
+        out = [SimpleNamespace(name=v.name, ok=i != 1, cached=False, seconds=1.0, status="ok" if i != 1
+                               else "compile_error") for i, v in enumerate(variants)]
+        for b in out:
+            on_done(b)
+        return out
+
+    assert dry_run([3, 4], ["fp16"], ["bcl"], "bwd", build) == 1
+    expected = {v.name for k in (3, 4) for v in candidate_variants(k, "fp16", "bcl", "bwd")}
+    assert sorted(seen) == sorted(expected)
+    assert "compile_error" in capsys.readouterr().out
+    assert dry_run([3], ["fp16"], ["bcl"], "bwd", lambda vs, on_done=None: [
+        SimpleNamespace(name=v.name, ok=True, cached=True, seconds=0.0, status="ok") for v in vs]) == 0
