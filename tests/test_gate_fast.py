@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dwgen import freeze, gate
+from dwgen.dtypes import torch_dtype
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.skipif(not freeze.read_manifest(ROOT / "generated"), reason="no generated/ committed")
@@ -61,10 +62,11 @@ def test_each_narrow_fast_kernel_is_called_in_its_scope_causal_and_centred_plain
         return left, right, mod._output_length(x, weight.shape[2], left, right, stride, dilation, padding)
 
     monkeypatch.setattr(mod, "_validate", on_any_device)
-    monkeypatch.setattr(gate.check, "make_inputs", lambda q, seed: (
-        torch.zeros(q.batch, q.length, q.channels, dtype=torch.float16).transpose(1, 2) if q.layout == "blc"
-        else torch.zeros(q.batch, q.channels, q.length, dtype=torch.float16),
-        torch.zeros(q.channels, 1, q.kernel_size, dtype=torch.float16), None))
+    monkeypatch.setattr(gate.check, "make_inputs", lambda q, seed: (  # in q's dtype: the committed module's own
+        # narrow kernels (bf16 among them) are in the manifest beside this test's fp16 ones
+        torch.zeros(q.batch, q.length, q.channels, dtype=torch_dtype(q.dtype)).transpose(1, 2) if q.layout == "blc"
+        else torch.zeros(q.batch, q.channels, q.length, dtype=torch_dtype(q.dtype)),
+        torch.zeros(q.channels, 1, q.kernel_size, dtype=torch_dtype(q.dtype)), None))
     called = []
     monkeypatch.setattr(gate, "_through_the_op", lambda mod, q, d, seed, cache: called.append((q, d)))
     assert gate._fast_narrow_calls(mod, None) == []
@@ -73,8 +75,8 @@ def test_each_narrow_fast_kernel_is_called_in_its_scope_causal_and_centred_plain
     assert {q.paddings for q in uneven} == {(0, k - 1) for k in (4, 8, 9, 12, 13, 14, 15, 16)} | {
         (k - 1, 1) for k in (4, 8, 9, 12, 13, 14, 15, 16)} | {(3, 300)}  # the walk's grad_out far past x
     runs = {(q.kernel_size, q.layout, q.paddings, q.length, q.activation): mod.kernel_for(
-        gate.check.make_inputs(q, 0)[0], torch.zeros(q.channels, 1, q.kernel_size, dtype=torch.float16), None,
-        **gate._call_kwargs(q), direction="bwd") for q, d in called if q not in uneven}
+        *gate.check.make_inputs(q, 0)[:2], None, **gate._call_kwargs(q), direction="bwd")
+        for q, d in called if q not in uneven and q.dtype == "fp16"}
     c = "bcl"
     assert runs[(8, c, (7, 0), 304, "none")] == runs[(8, c, (7, 0), 304, "silu")] == lane.name
     assert runs[(8, c, (3, 4), 304, "none")] == lane.name and runs[(8, c, (3, 4), 304, "silu")] == fused[8].name
