@@ -266,8 +266,8 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its family "
                               f"serves {'some calls only' if not narrow else 'every call'}, not what its table holds")
             return False
-        span = config["threads"] // config["ct"] * config["seg"] if _NARROW_SCOPES.get(family) == "left_halo" else None
-        if span is not None and span < _LEFT_HALO_SPAN:
+        walk = _NARROW_SCOPES.get(family) == "left_halo"
+        if walk and config["threads"] // config["ct"] * config["seg"] < _LEFT_HALO_SPAN:  # positions a block covers
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its blocks "
                               f"cover fewer than the {_LEFT_HALO_SPAN} positions its scope's grid rule counts on")
             return False
@@ -667,10 +667,11 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     t = tables(x.device.index)
     dtype, k = _DTYPES[x.dtype], weight.shape[2]
     layout = _layout(x)
+    grad_out = grad_out if direction == "bwd" else None  # only the backward reads it
     generic = MANIFEST["generic"]["scalar" if direction == "fwd" else "scalar_bwd"][dtype]["name"]
     if layout is None or x.shape[0] * x.shape[1] * max(x.shape[2], out_length) >= _INT32_LIMIT:
         return generic
-    if direction == "bwd" and grad_out is not None and _layout(grad_out) != layout:
+    if grad_out is not None and _layout(grad_out) != layout:
         return generic
     tuned = t.tuned if direction == "fwd" else t.tuned_bwd
     keys = [(*x.shape, k, stride, left, right, dilation, dtype, b, layout, activation or "none")
@@ -679,7 +680,7 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
     def takes_x(name: str) -> bool:
         kernel = t.kernels[name][1]
         align = x.element_size() if kernel["peels_misalignment"] else kernel["align_bytes"]
-        grad_aligned = grad_out is None or direction != "bwd" or grad_out.data_ptr() % kernel["align_bytes"] == 0
+        grad_aligned = grad_out is None or grad_out.data_ptr() % kernel["align_bytes"] == 0
         return x.shape[1] % kernel["channel_multiple"] == 0 and x.data_ptr() % align == 0 and grad_aligned
 
     name = tuned.get(keys[0], tuned.get(keys[1]))
