@@ -337,7 +337,7 @@ def test_the_launcher_keys_tuned_rows_by_both_paddings_and_the_activation():
 
 
 def freeze_with_narrow_designs(out) -> tuple[dict, dict, Variant, Variant, Variant]:
-    """The committed generic choices with three narrow designs measured beside fused ones (the lane backward at
+    """The committed generic choices, less fp16's backward ones, with three narrow designs measured beside fused ones (the lane backward at
     fp16 K8, the split backward at fp16 K15, the walk backward at fp16 (B, L, C) K4), frozen into out: the
     manifest, the fused designs by key, the lane, split and walk designs, each built as the freeze builds it (on a
     stand-in of its scope)."""
@@ -357,7 +357,9 @@ def freeze_with_narrow_designs(out) -> tuple[dict, dict, Variant, Variant, Varia
                                           "narrow": [{"scope": s, "config": v.config_dict, "kernel": v.name}]}
               for layout, k, f, s, v in (("bcl", 8, 8, "causal_or_centred", lane), ("bcl", 15, 15, "within_halo", split),
                                          ("blc", 4, "blc4", "left_halo", walk))}
-    committed = freeze.read_manifest(freeze.DEFAULT_DIR)["generic"]["chosen"]
+    # the committed module's fp16 backward measurements left out: these three alone decide fp16's backward tables
+    committed = {key: c for key, c in freeze.read_manifest(freeze.DEFAULT_DIR)["generic"]["chosen"].items()
+                 if not (key.startswith("fp16_") and key.endswith("_bwd"))}
     return freeze.freeze([], out, log=lambda s: None, generic=committed | chosen), fused, lane, split, walk
 
 
@@ -372,15 +374,15 @@ def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_
     before = freeze.read_manifest(freeze.DEFAULT_DIR)
     assert m["generic"]["fast_bwd"]["fp16_bcl_k8"] == fused[8].name
     narrow = m["generic"]["fast_bwd_narrow"]
-    # K9 takes K8's measurement (the lane design fits: a halo of 8 within its 8-position runs), K10 and K11 too
-    # (the lane design does not fit them: none), K12-16 K15's
-    # (B, L, C): K4's walk design alone (K5 and K6 take K4's measurement, but its 4-channel state does not fit them)
+    # K1-9 take K8's measurement (the lane design fits: up to a halo of 8 within its 8-position runs), K10 and K11
+    # too (the lane design does not fit them: none), K12-16 K15's
+    # (B, L, C): K1-4 K4's walk design (K5 and K6 take K4's measurement, but its 4-channel state does not fit them)
     # beside the committed module's own measured narrow kernels (other dtypes' keys), which the freeze keeps
     own = {key: names for key, names in before["generic"].get("fast_bwd_narrow", {}).items()
            if not key.startswith("fp16_")}
-    assert narrow == {**own, "fp16_bcl_k8": [lane.name], "fp16_bcl_k9": [lane.name.replace("_k8_", "_k9_")],
+    assert narrow == {**own, **{f"fp16_bcl_k{k}": [lane.name.replace("_k8_", f"_k{k}_")] for k in range(1, 10)},
                       **{f"fp16_bcl_k{k}": [split.name.replace("_k15_", f"_k{k}_")] for k in range(12, 17)},
-                      "fp16_blc_k4": [walk.name]}
+                      **{f"fp16_blc_k{k}": [walk.name.replace("_k4_", f"_k{k}_")] for k in range(1, 5)}}
     assert m["generic"]["fast_narrow"] == {} and m["generic"]["fast"] == before["generic"]["fast"]
     assert freeze.stale_entries(tmp_path) == []
     mod = load_frozen(tmp_path, "dwgen_frozen_narrow")
@@ -390,7 +392,7 @@ def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_
     assert all(len(r) == 10 for r in fast)
     own_rows = [[1, mod._SCOPES.index(mod._scope(t, n))] for names in own.values() for n in names]
     assert sorted(r[4:6] for r in fast if r[4] > 0) == sorted(  # rank, scope number
-        [[1, 1]] * 5 + [[1, 2]] * 2 + [[1, 3]] + own_rows)
+        [[1, 1]] * 5 + [[1, 2]] * 9 + [[1, 3]] * 4 + own_rows)
     # a walk whose blocks cover under 1024 positions (its scope's grid rule counts on them) is refused, with a warning
     import copy
 
