@@ -346,8 +346,9 @@ def test_backward_candidates_are_valid_distinct_and_hold_the_first_design(dtype,
 def test_backward_records_have_their_own_names_and_the_forwards_keep_theirs(tmp_path):
     from search.generic import record_path
 
-    # the forward's name as the thirty-first session's bf16 K3 record carried it (reused to re-freeze in the 33rd-34th)
-    assert record_path(tmp_path, 3, "bf16", "bcl").name == "bf16_bcl_k3-609eba5bc382.json"
+    # the forward's name as the forty-first session's bf16 K3 record carries it (a third training shape and a
+    # candidate more than the thirty-first's bf16_bcl_k3-609eba5bc382.json): a new name means new measurements
+    assert record_path(tmp_path, 3, "bf16", "bcl").name == "bf16_bcl_k3-e58fc1e60dab.json"
     assert record_path(tmp_path, 3, "bf16", "bcl", "bwd").name.startswith("bf16_bcl_k3_bwd-")
 
 
