@@ -441,9 +441,9 @@ def narrow_variants(chosen: dict[str, dict] | None, narrow: dict[str, list[dict]
                     direction: str = "fwd") -> list[list[Variant]]:
     """The fast generic kernels chosen beside a direction's for narrower scopes (search.generic's narrow
     designs, narrowest scope first), a list for each (dtype, layout, K) that has any. `chosen` is as
-    generic_variants takes it; `narrow` maps a measured key to its narrow designs. Each (dtype, layout, K)
-    follows the measurement its generic design came from: that measurement's narrow designs that fit it, else
-    none (the generic kernel serves it all)."""
+    generic_variants takes it; `narrow` maps a measured key to its narrow designs. Each scope of each
+    (dtype, layout, K) follows its own nearest measurement (nearest_narrow), not the one its generic design
+    came from: a K between a measured lane K and a measured split K takes each one's design where it fits."""
     out = []
     for (fam_direction, layout), _ in FAMILIES.items():
         if fam_direction != direction:
@@ -451,14 +451,31 @@ def narrow_variants(chosen: dict[str, dict] | None, narrow: dict[str, list[dict]
         for dtype in DTYPES:
             for k in GENERIC_KERNEL_SIZES:
                 p = generic_problem(k, dtype, layout)
-                configs = [make_config(p, params, direction)
-                           for params in narrow.get(_measured_source(chosen or {}, p, direction) or "", [])]
-                scopes = [family_of_config(p, c, direction).generic_scope for c in configs]
-                variants = [Variant(q, c, direction) for c, s in zip(configs, scopes, strict=True)
-                            if not violations(q := scope_stand_in(p, s), c, direction) and not scope_violations(q, c, s)]
+                variants = [v for scope in GENERIC_SCOPES for v in nearest_narrow(chosen or {}, narrow, p, scope, direction)]
                 if variants:
                     out.append(variants)
     return out
+
+
+def nearest_narrow(chosen: dict[str, dict], narrow: dict[str, list[dict]], p: Problem, scope: str,
+                   direction: str) -> list[Variant]:
+    """The narrow designs of `scope` that p's generic key takes: those of the nearest measured K (the smaller on a
+    tie) that weighed the scope, where they fit p (each on its scope's stand-in), else none. A measurement weighed
+    the scope where a family of that scope applies at its K; one that could not (the lane backward past K9, the
+    split one below K10) is passed over, so that its silence does not hide a farther K's design; one that could
+    and chose none stops the walk (the fused design measured faster there)."""
+    for k in sorted(GENERIC_KERNEL_SIZES, key=lambda k: (abs(k - p.kernel_size), k)):
+        key = generic_choice_key(generic_problem(k, p.dtype, p.layout), direction)
+        if not chosen.get(key):
+            continue
+        q = scope_stand_in(p, scope)
+        configs = [make_config(p, params, direction) for params in narrow.get(key, [])]
+        fits = [Variant(q, c, direction) for c in configs if family_of_config(p, c, direction).generic_scope == scope
+                and not violations(q, c, direction) and not scope_violations(q, c, scope)]
+        measured = scope_stand_in(generic_problem(k, p.dtype, p.layout), scope)
+        if fits or any(f.generic_scope == scope and f.applies(measured) for f in FAMILIES[(direction, p.layout)]):
+            return fits
+    return []
 
 
 def _measured_source(chosen: dict[str, dict], p: Problem, direction: str) -> str | None:

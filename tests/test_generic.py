@@ -405,6 +405,30 @@ def test_a_walk_design_of_short_blocks_never_serves_the_left_halo_scope():
         f"dw1d_bwdwalk_bf16_k{k}_t256_c64_v4_s256_u4_a3" for k in (1, 2, 3, 4)]
 
 
+def test_each_narrow_scope_follows_its_own_nearest_measurement():
+    """fp16 (B, C, L) K12 lies 3 from K9 and from K15: its fused design follows K9 (the smaller on a tie), its split
+    design K15's, since K9 could not weigh the split backward (K10 and up) and K9's lane design does not fit K12.
+    A measured K that weighed a scope and chose none stops the walk: with K13 measured so, K10-14 have no split."""
+    from dwgen.families import bwd, bwdlane, bwdtc
+    from dwgen.space import generic_problem, narrow_variants
+
+    fused = {"family": "dw1d_bwd", **bwd.Config(threads=128, outs=8, stage="raw", tiles=4).__dict__}
+    lane = {"family": "dw1d_bwdlane", **bwdlane.Config(threads=128, outs=8, rows=2).__dict__}
+    split = {"family": "dw1d_bwdtc", **bwdtc.Config(threads=64, run=16, span=4, wgrad="mma", warps=2, nt=2,
+                                                    tile=1024).__dict__}
+    chosen = {"fp16_bcl_k9_bwd": fused, "fp16_bcl_k15_bwd": fused}
+    narrow = {"fp16_bcl_k9_bwd": [lane], "fp16_bcl_k15_bwd": [split]}
+
+    def tables(chosen):
+        return {generic_problem(vs[0].problem.kernel_size, "fp16").kernel_size: [v.family.name for v in vs]
+                for vs in narrow_variants(chosen, narrow, "bwd") if vs[0].problem.dtype == "fp16"}
+
+    assert tables(chosen) == {**{k: ["dw1d_bwdlane"] for k in range(1, 10)},
+                              **{k: ["dw1d_bwdtc"] for k in range(10, 17)}}
+    assert tables(chosen | {"fp16_bcl_k13_bwd": fused}) == {**{k: ["dw1d_bwdlane"] for k in range(1, 10)},
+                                                            **{k: ["dw1d_bwdtc"] for k in (15, 16)}}
+
+
 def test_a_dry_run_compiles_each_candidate_once_and_fails_when_one_does_not(capsys):
     """--dry-run hands every candidate of the keys to the builder (a design shared by two keys once) and says
     which failed; no GPU is asked for."""
