@@ -53,7 +53,8 @@ _FAST_TABLES = {"fast": ("fwd", False), "fast_bwd": ("bwd", False), "fast_narrow
 _MAX_NARROW = 2  # narrow kernels a key (the launcher's MAX_NARROW)
 # The families whose kernels serve only some calls as fast generic kernels, and which (space.GENERIC_SCOPES,
 # space.scope_admits; the launcher's scope numbers are the order of _SCOPES)
-_NARROW_SCOPES = {"dw1d_bwdtc": "within_halo", "dw1d_bwdlane": "causal_or_centred", "dw1d_bwdwalk": "left_halo"}
+_NARROW_SCOPES = {"dw1d_bwdtc": "within_halo", "dw1d_lane": "causal_or_centred", "dw1d_bwdlane": "causal_or_centred",
+                  "dw1d_bwdwalk": "left_halo"}
 _SCOPES = ("any", "within_halo", "causal_or_centred", "left_halo")
 _LEFT_HALO_SPAN = 1024  # space.LEFT_HALO_SPAN
 
@@ -270,6 +271,10 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
         if walk and config["threads"] // config["ct"] * config["seg"] < _LEFT_HALO_SPAN:  # positions a block covers
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its blocks "
                               f"cover fewer than the {_LEFT_HALO_SPAN} positions its scope's grid rule counts on")
+            return False
+        if family == "dw1d_lane" and config.get("walk") != "row":  # a tile walk's grid counts a row's chunks
+            t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: it walks "
+                              "tiles, whose grid cannot take every row its scope admits")
             return False
         return (name in t.kernels and t.kernels[name][1]["direction"] == direction
                 and (tensor_cores or family not in TC_FAMILIES))

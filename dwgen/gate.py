@@ -58,7 +58,7 @@ def misaligned(x):
 
 def signature_problem(k: dict) -> Problem:
     """A problem of a kernel's signature (its sizes are run-time, so any will do as a base for edges): centred,
-    or causal for a lane or walk backward serving as a fast generic one (their scopes: space.scope_admits)."""
+    or causal for a lane kernel or a walk backward serving as a fast generic one (their scopes: space.scope_admits)."""
     s = k["signature"]
     p = Problem(4, 64, 1000, s["kernel_size"], s["stride"], (s["kernel_size"] - 1) // 2 * s["dilation"],
                 s["dilation"], s["dtype"], layout=s["layout"])

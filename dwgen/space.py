@@ -420,9 +420,12 @@ def scope_admits(scope: str, p: Problem) -> bool:
 def scope_violations(p: Problem, c, scope: str | None) -> list[str]:
     """What keeps a design from serving its scope's calls as a fast generic kernel beyond the family's own
     restrictions (violations): a walk backward whose blocks cover fewer than LEFT_HALO_SPAN positions, whose grid
-    would outgrow what the left_halo rule admits."""
+    would outgrow what the left_halo rule admits; a lane forward that walks tiles, whose grid's second dimension
+    counts a row's chunks (at most 65535: the causal_or_centred rule admits rows of up to 2^30)."""
     if scope == "left_halo" and (span := bwdwalk.Tiling(p, c).span) < LEFT_HALO_SPAN:
         return [f"a span of {span} positions, under the left_halo scope's {LEFT_HALO_SPAN}"]
+    if scope == "causal_or_centred" and isinstance(c, lane.Config) and c.walk != "row":
+        return ["a tile walk, whose grid counts a row's chunks"]
     return []
 
 

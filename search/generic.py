@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dwgen import cli
 from dwgen.dtypes import DTYPES
-from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, bwdwalk, tc
+from dwgen.families import bcl, blc, bwd, bwdlane, bwdtc, bwdwalk, lane, tc
 from dwgen.problem import LAYOUTS, Problem
 from dwgen.space import (
     DIRECTIONS,
@@ -65,6 +65,13 @@ def candidates(dtype: str, layout: str, direction: str = "fwd") -> list:
         # index emulation in tests/test_tc.py runs paddings far past the halo)
         designs += [tc.Config(warps=2, nt=2, tile=1024), tc.Config(warps=2, nt=4, tile=1024),
                     tc.Config(warps=4, nt=2, tile=1024)]
+    # the lane forward, for causal and centred calls on rows of whole vectors (beside the design for every call,
+    # where it wins on those): the row walks of the tuned bf16 K7 (t64_o4_sp_row, 1.01x copy) and 1x768x512
+    # (t128_o1_row) forwards, the Mamba forward's spread runs (tuned as a tile walk, 1.01x) walked by rows, and a
+    # fetch ahead; the untuned Mamba forward reads 1.37x through the best design for every call (H200, 42nd)
+    designs += [lane.Config(threads=64, vecs=4, spread=True, walk="row"), lane.Config(threads=128, vecs=1, walk="row"),
+                lane.Config(threads=128, vecs=2, spread=True, walk="row"),
+                lane.Config(threads=64, vecs=2, spread=True, walk="row", ahead=True)]
     return designs
 
 
@@ -120,8 +127,9 @@ def training_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -
 def scope_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -> dict[str, list[Problem]]:
     """The training shapes each scope's choice is made on: "any" (every candidate whose scope is any is measured
     on them; for the forward a third, causal with SiLU), within_halo (the two centred ones: padded within the halo,
-    without an activation) and, for the (B, C, L) backward, causal_or_centred (a causal and a centred shape of
-    whole vectors, and a causal one with SiLU whose rows end mid-tile), for the (B, L, C) one left_halo (a causal shape and one padded by the halo on both sides)."""
+    without an activation) and, over (B, C, L) in both directions (the lane families), causal_or_centred (a causal
+    and a centred shape of whole vectors, and a causal one with SiLU whose rows end mid-tile), for the (B, L, C)
+    backward left_halo (a causal shape and one padded by the halo on both sides)."""
     h = k - 1
     shapes = {"any": [Problem(8, 1024, 4000, k, 1, (k - 1) // 2, dtype=dtype, layout=layout),
                       Problem(2, 2048, 12289, k, 1, k // 2, dtype=dtype, bias=True, layout=layout)]}
@@ -130,8 +138,9 @@ def scope_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -> d
         shapes["any"].append(Problem(4, 2560, 3000, k, 1, h, dtype=dtype, layout=layout, padding_right=0,
                                      activation="silu"))
     shapes["within_halo"] = [p for p in shapes["any"] if scope_admits("within_halo", p)]
-    if direction == "bwd" and layout == "bcl":  # the third: Mamba's call on rows ending mid-tile, where the lane
-        # backward chosen on the first two read 2.20x copy against the fused design's 2.04x (docs/proposed item 19)
+    if layout == "bcl":  # the lane families' calls (both directions); the third, Mamba's call on rows ending
+        # mid-tile, where the lane backward chosen on the first two read 2.20x copy against the fused design's 2.04x
+        # (docs/proposed item 19)
         shapes["causal_or_centred"] = [
             Problem(8, 1024, 4000, k, 1, h, dtype=dtype, layout=layout, padding_right=0),
             Problem(2, 2048, 12288, k, 1, h // 2, dtype=dtype, bias=True, layout=layout, padding_right=h - h // 2),

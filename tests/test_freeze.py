@@ -441,6 +441,54 @@ def test_narrow_designs_are_frozen_beside_the_fused_one_and_dispatched_by_their_
     assert choice_blc("causal", offset=1) == choice_blc(4, offset=1) != walk.name
 
 
+def test_a_lane_forward_is_frozen_beside_the_forward_design_and_runs_causal_and_centred_calls(tmp_path, monkeypatch):
+    """The lane forward measured beside bf16 K4's forward design for the calls of its scope goes to the forward's
+    narrow table (K4 alone: every other K was measured and chose none); the dispatcher runs it for causal calls,
+    plain or with SiLU, and centred plain ones on rows of whole vectors from a 16-byte boundary, else the design
+    for every call; a lane design that walks tiles is refused, with a warning."""
+    import copy
+
+    import torch
+
+    from dwgen.families import lane
+    from dwgen.space import generic_problem, scope_stand_in
+
+    v = Variant(scope_stand_in(generic_problem(4, "bf16"), "causal_or_centred"),
+                lane.Config(threads=128, vecs=2, spread=True, walk="row"))
+    chosen = copy.deepcopy(freeze.read_manifest(freeze.DEFAULT_DIR)["generic"]["chosen"])
+    chosen["bf16_bcl_k4"]["narrow"] = [{"scope": "causal_or_centred", "config": v.config_dict, "kernel": v.name}]
+    m = freeze.freeze([], tmp_path, log=lambda s: None, generic=chosen)
+    fused = m["generic"]["fast"]["bf16_bcl_k4"]
+    assert m["generic"]["fast_narrow"] == {"bf16_bcl_k4": [v.name]} and fused != v.name
+    assert freeze.stale_entries(tmp_path) == []
+    mod = load_frozen(tmp_path, "dwgen_frozen_lane_fwd")
+    t = mod._trusted(m, tmp_path, "9.0")
+    assert t.fast_narrow == {"bf16_bcl_k4": [v.name]} and not t.warnings
+    _, fast, _ = mod._table_rows(t)
+    assert [r[4:6] for r in fast if r[0] == 0 and r[4] > 0] == [[1, mod._SCOPES.index("causal_or_centred")]]
+
+    def on_any_device(x, weight, bias, stride, padding, dilation, activation):  # the rule, without a GPU
+        left, right = mod._paddings(padding, weight.shape[2], stride, dilation)
+        return left, right, mod._output_length(x, weight.shape[2], left, right, stride, dilation, padding)
+
+    monkeypatch.setattr(mod, "_validate", on_any_device)
+    monkeypatch.setattr(mod, "tables", lambda device=None: t)
+
+    def choice(padding, activation=None, length=1000, offset=0):
+        x = torch.zeros(2 * 8 * length + 8, dtype=torch.bfloat16)[offset:offset + 2 * 8 * length].view(2, 8, length)
+        w = torch.zeros(8, 1, 4, dtype=torch.bfloat16)
+        return mod.kernel_for(x, w, None, 1, padding, 1, activation=activation)
+
+    assert choice("causal") == choice("causal", "silu") == choice("same") == v.name  # centred: (1, 2)
+    assert choice("same", "silu") == choice(3) == choice("causal", length=1001) == fused
+    assert choice("causal", offset=1) != v.name  # an x off a 16-byte boundary
+    tile = copy.deepcopy(m)
+    record = next(k for k in tile["kernels"] if k["name"] == v.name)
+    record["config"] = {**record["config"], "walk": "tile"}
+    tt = mod._trusted(tile, tmp_path, "9.0")
+    assert tt.fast_narrow == {} and any(v.name in w and "tiles" in w for w in tt.warnings)
+
+
 def test_only_kernels_whose_launch_peels_the_head_are_recorded_as_taking_a_misaligned_x(tmp_path):
     """The dispatcher sends a misaligned x to a tuned kernel only when its record says the launch peels the head:
     the window and tensor-core forwards do, the lane forward (16-byte aligned runs) and the (B, L, C) ones do not."""

@@ -98,7 +98,9 @@ def test_a_kept_measurement_is_decided_again_by_todays_rule(tmp_path):
                                 "candidates": scores}))
     rec = generic.choose_or_reuse(3, "bf16", "bcl", None, tmp_path, log=lambda *_: None)
     assert rec["kernel"] == row_name and rec["config"] == names[row_name].config_dict
-    assert rec["x_copy"] == scores[row_name] and rec["candidates"] == scores
+    anyshape = {p.key for p in generic.scope_problems(3, "bf16", "bcl")["any"]}  # what the design for every call weighs
+    assert rec["x_copy"] == {key: x for key, x in scores[row_name].items() if key in anyshape}
+    assert rec["candidates"] == scores
 
 
 def _scores(k: int, dtype: str, x_copy: dict[str, float]) -> tuple[dict, dict]:
@@ -244,11 +246,14 @@ def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeyp
     monkeypatch.setattr(loop, "check_each", fake_check_each)
     lines = []
     rec = generic.choose(9, "fp16", "bcl", lambda vs: [None] * len(vs), log=lines.append)
-    shapes = [p.key for p in generic.training_problems(9, "fp16", "bcl")]
+    shapes = generic.training_problems(9, "fp16", "bcl")
+    anyshape = [p.key for p in generic.scope_problems(9, "fp16", "bcl")["any"]]
     assert rec["kernel"] == tc_name and rec["geomean_x_copy"] == pytest.approx(1.0)
-    assert rec["x_copy"] == dict.fromkeys(shapes, 1.0) and rec["machine"] == {"gpu": "fake"}
+    assert rec["x_copy"] == dict.fromkeys(anyshape, 1.0) and rec["machine"] == {"gpu": "fake"}
     assert broken not in rec["candidates"] and len(rec["candidates"]) == len(variants) - 1
-    assert all(list(xs) == shapes for xs in rec["candidates"].values())
+    scope = {v.name: v.family.generic_scope for v in variants}  # each measured on the shapes its scope takes
+    assert all(list(xs) == [p.key for p in shapes if generic.scope_admits(scope[n], p)]
+               for n, xs in rec["candidates"].items())
     assert any("wrong" in line for line in lines)
 
 
@@ -359,12 +364,33 @@ def test_each_scope_is_measured_on_calls_it_takes_and_mamba_s_call_is_among_them
         assert any(p.activation == "silu" and p.paddings == (k - 1, 0) and p.length % 2048 for p in shapes[scope])
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_the_forward_weighs_lane_row_walks_for_causal_and_centred_calls_where_their_halo_fits(dtype):
+    """Over (B, C, L) the forward's candidates hold lane designs, each a row walk specialised to the scope's
+    stand-in, at every K whose halo a lane's neighbour holds (16-bit K <= 9: 8-element vectors; fp32 K <= 5);
+    a lane design that walks tiles never serves the scope (its grid counts a row's chunks)."""
+    from dwgen.families import lane
+    from dwgen.space import generic_problem, scope_stand_in, scope_violations
+
+    for k in GENERIC_KERNEL_SIZES:
+        lanes = [v for v in candidate_variants(k, dtype, "bcl") if v.family.name == "dw1d_lane"]
+        reach = 9 if dtype != "fp32" else 5
+        assert (len(lanes) == 4) == (k <= reach) and (not lanes) == (k > reach), (dtype, k)
+        assert all(v.config.walk == "row" and v.problem == scope_stand_in(generic_problem(k, dtype), "causal_or_centred")
+                   for v in lanes)
+    assert not any(v.family.name == "dw1d_lane" for v in candidate_variants(4, dtype, "blc"))
+    q = scope_stand_in(generic_problem(4, dtype), "causal_or_centred")
+    assert scope_violations(q, lane.Config(threads=128, vecs=2, spread=True), "causal_or_centred")
+    assert not scope_violations(q, lane.Config(threads=128, vecs=2, spread=True, walk="row"), "causal_or_centred")
+
+
 def test_backward_records_have_their_own_names_and_the_forwards_keep_theirs(tmp_path):
     from search.generic import record_path
 
-    # the forward's name as the forty-first session's bf16 K3 record carries it (a third training shape and a
-    # candidate more than the thirty-first's bf16_bcl_k3-609eba5bc382.json): a new name means new measurements
-    assert record_path(tmp_path, 3, "bf16", "bcl").name == "bf16_bcl_k3-e58fc1e60dab.json"
+    # the forward's name as the forty-second session's bf16 K3 record will carry it (the lane forward's designs and
+    # the causal and centred shapes they are weighed on, beside the forty-first's e58fc1e60dab, itself a third
+    # training shape and a candidate more than the thirty-first's 609eba5bc382): a new name means new measurements
+    assert record_path(tmp_path, 3, "bf16", "bcl").name == "bf16_bcl_k3-4e9c44e3bcf7.json"
     assert record_path(tmp_path, 3, "bf16", "bcl", "bwd").name.startswith("bf16_bcl_k3_bwd-")
 
 

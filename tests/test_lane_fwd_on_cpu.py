@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from dwgen.families.lane import Config
+from dwgen.families.lane import name_tokens as lane_tokens
 from dwgen.problem import Problem
 from dwgen.space import Variant, violations
 from tests.cuda_on_cpu import build_all, forward_checks
@@ -71,3 +72,43 @@ def test_the_launch_refuses_what_it_cannot_compute(binaries, tmp_path):
                         (Problem(1, 2, 2048, 4, 1, 2, 1, "bf16", padding_right=1), 0, invalid)):
         with pytest.raises(AssertionError, match=f"exit {rc} "):
             run_on_cpu(exe, q, seed=0, tmp=tmp, xoff=xoff)
+
+
+def _generic_lane_candidates() -> list[tuple[int, str, Config]]:
+    """The lane designs search.generic weighs as fast generic forwards (bf16 K4, fp16 K9, fp32 K5: the 16-bit
+    halos a lane's vector holds at their widest, and fp32's)."""
+    from search.generic import candidate_variants
+
+    return [(k, dtype, v.config) for k, dtype in ((4, "bf16"), (9, "fp16"), (5, "fp32"))
+            for v in candidate_variants(k, dtype, "bcl") if v.family.name == "dw1d_lane"]
+
+
+GENERIC_LANE = _generic_lane_candidates()
+
+
+@pytest.fixture(scope="module")
+def generic_binaries(tmp_path_factory):
+    from dwgen.space import generic_problem, scope_stand_in
+
+    tmp = tmp_path_factory.mktemp("lane_fwd_generic_cpu")
+    variants = [Variant(scope_stand_in(generic_problem(k, dtype), "causal_or_centred"), c) for k, dtype, c in GENERIC_LANE]
+    return build_all(variants, tmp, MAIN), variants, tmp
+
+
+@pytest.mark.parametrize("i", range(len(GENERIC_LANE)), ids=[f"{d}_k{k}_{'_'.join(lane_tokens(c))}"
+                                                             for k, d, c in GENERIC_LANE])
+def test_generic_lane_candidates_take_any_causal_or_centred_call_on_cpu(generic_binaries, i):
+    """Built once on the scope's stand-in (as the search and the freeze build them), each lane candidate computes
+    every call its scope admits: other batches, channels and row lengths of whole vectors (one vector, a warp's
+    runs and a bit, several chunks), causal with and without SiLU, centred plain, bias on and off."""
+    from dwgen.space import scope_admits
+
+    exes, variants, tmp = generic_binaries
+    v = variants[i]
+    vec, h, k, dtype = 16 // v.problem.elem_bytes, v.problem.halo, v.problem.kernel_size, v.problem.dtype
+    for b, ch, length in ((1, 3, vec), (3, 2, 37 * vec), (5, 2, 300 * vec)):
+        for left, right, act in ((h, 0, "none"), (h, 0, "silu"), (h // 2, h - h // 2, "none")):
+            q = Problem(b, ch, length, k, 1, left, 1, dtype, padding_right=right, bias=b % 2 == 1, activation=act)
+            assert scope_admits("causal_or_centred", q)
+            outcome = run_on_cpu(exes[v.name], q, seed=length % 7, tmp=tmp)
+            assert outcome.ok, f"{v.name} on {q.key}: {outcome.message}"

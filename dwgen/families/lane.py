@@ -36,6 +36,11 @@ AXES: dict[str, tuple] = {
     "ahead": (False, True),
 }
 
+# As a fast generic forward (search.generic), beside a design that takes every call: its launch takes any B, C and
+# L of whole vectors (no size is compiled in) for causal and centred calls (space.scope_admits); row walks only
+# there (space.scope_violations), since a tile walk's grid counts a row's chunks, at most 65535 of them
+GENERIC_SCOPE = "causal_or_centred"
+
 MAX_WINDOW_FLOATS = 96  # x and its halo a thread holds as floats for one run (more spills)
 
 
