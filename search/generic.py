@@ -119,8 +119,8 @@ def bwd_candidates(dtype: str, layout: str) -> list:
 
 def training_problems(k: int, dtype: str, layout: str, direction: str = "fwd") -> list[Problem]:
     """Two large shapes per K, odd and even lengths (the forward a third, causal with SiLU), none of them in the
-    benchmark's suites; for the backward, whose lane (B, C, L) and walk (B, L, C) candidates serve some calls
-    only, two or three more of their scope (scope_problems)."""
+    benchmark's suites; for the candidates that serve some calls only (the lane families over (B, C, L) in both
+    directions, the walk backward over (B, L, C)), two or three more of their scope (scope_problems)."""
     return list(dict.fromkeys(p for ps in scope_problems(k, dtype, layout, direction).values() for p in ps))
 
 
