@@ -7,7 +7,8 @@
 #   suitebwd  the suite's backward (tune.py --suite benchmarks/suite.txt --direction bwd; strided problems skipped)
 #   generic choose the fast generic kernel of each (dtype, layout, K) by measurement (frozen into generated/);
 #           GENERIC_RECORDS=<dir> first copies kept measurements (runs/generic/*.json of an earlier call) in, so that
-#           only the rest are measured; every record comes back as generic-records.tgz
+#           only the rest are measured (those made on another kind of GPU are measured again); every record comes
+#           back as generic-records.tgz
 #   suite   cold tune of benchmarks/suite.txt, frozen together (through the gate)
 #   gate    python -m dwgen.gate on generated/ (every frozen kernel through the built module)
 #   bench   python -m dwgen.bench (results into benchmarks/); BENCH_ONLY=a,b picks contenders

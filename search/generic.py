@@ -294,12 +294,31 @@ def record_path(runs: Path, k: int, dtype: str, layout: str, direction: str = "f
     return runs / "generic" / f"{key}-{tag.hexdigest()[:12]}.json"
 
 
+def this_gpu() -> str | None:
+    """The first GPU's name as nvidia-smi gives it (torch's name for it too), without starting CUDA in this
+    process (the measurements run in worker processes); None where there is none to ask."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    q = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                       capture_output=True, text=True)
+    return (q.stdout.strip() or None) if q.returncode == 0 else None
+
+
 def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=print, direction: str = "fwd") -> dict:
-    """A measurement this machine made of the same candidates (an interrupted run), else a new one, kept."""
+    """A measurement of the same candidates on this kind of GPU (an interrupted run, or records carried from an
+    earlier call), else a new one, kept. One made on another GPU is measured again: a choice is only as good as
+    the GPU it was timed on (the forty-second session froze H100 choices on an H200 this way, unsaid)."""
     path = record_path(runs, k, dtype, layout, direction)
-    if path.is_file():
+    kept = json.loads(path.read_text()) if path.is_file() else None
+    there, here = (kept or {}).get("machine", {}).get("gpu"), this_gpu() if kept else None
+    if kept is not None and there and here and there != here:
+        log(f"  the measurement in {path} was made on {there}; this GPU is {here}: measuring again")
+        kept = None
+    if kept is not None:
         log(f"  reusing the measurement in {path}")
-        kept = json.loads(path.read_text())
         if "candidates" not in kept:  # kept before the candidates' scores were (thirtieth session): as chosen then
             return kept
         return decide(k, dtype, layout, kept["candidates"], kept["machine"], log=log, direction=direction)

@@ -52,6 +52,30 @@ def test_a_kept_measurement_is_reused_and_a_changed_candidate_list_is_not(tmp_pa
     assert len(calls) == 2  # other candidates: measured anew, not read from the old record
 
 
+def test_a_measurement_made_on_another_gpu_is_measured_again(tmp_path, monkeypatch):
+    from search import generic
+
+    calls, lines = [], []
+
+    def fake_choose(k, dtype, layout, build, log=print, direction="fwd"):
+        calls.append(k)
+        return {"kernel": f"k{k}", "config": {}, "geomean_x_copy": 1.0, "machine": {"gpu": "NVIDIA H200"}}
+
+    monkeypatch.setattr(generic, "choose", fake_choose)
+    path = generic.record_path(tmp_path, 3, "bf16", "bcl")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"kernel": "old", "config": {}, "machine": {"gpu": "NVIDIA H100 80GB HBM3"}}))
+    monkeypatch.setattr(generic, "this_gpu", lambda: "NVIDIA H100 80GB HBM3")
+    assert generic.choose_or_reuse(3, "bf16", "bcl", None, tmp_path, log=lines.append)["kernel"] == "old"
+    monkeypatch.setattr(generic, "this_gpu", lambda: None)  # no GPU to ask (a dry run): kept as it is
+    assert generic.choose_or_reuse(3, "bf16", "bcl", None, tmp_path, log=lines.append)["kernel"] == "old"
+    assert calls == []
+    monkeypatch.setattr(generic, "this_gpu", lambda: "NVIDIA H200")
+    assert generic.choose_or_reuse(3, "bf16", "bcl", None, tmp_path, log=lines.append)["kernel"] == "k3"
+    assert calls == [3] and any("made on NVIDIA H100 80GB HBM3; this GPU is NVIDIA H200" in s for s in lines)
+    assert json.loads(path.read_text())["machine"]["gpu"] == "NVIDIA H200"  # the new one kept in its place
+
+
 @pytest.mark.parametrize("once", [False, True])
 def test_choices_freeze_after_each_dtype_and_layout_or_once(monkeypatch, tmp_path, capsys, once):
     from dwgen import freeze
