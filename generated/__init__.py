@@ -267,14 +267,9 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its family "
                               f"serves {'some calls only' if not narrow else 'every call'}, not what its table holds")
             return False
-        walk = _NARROW_SCOPES.get(family) == "left_halo"
-        if walk and config["threads"] // config["ct"] * config["seg"] < _LEFT_HALO_SPAN:  # positions a block covers
-            t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its blocks "
-                              f"cover fewer than the {_LEFT_HALO_SPAN} positions its scope's grid rule counts on")
-            return False
-        if family == "dw1d_lane" and config.get("walk") != "row":  # a tile walk's grid counts a row's chunks
-            t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: it walks "
-                              "tiles, whose grid cannot take every row its scope admits")
+        refusal = _scope_refusal(family, config)
+        if refusal is not None:
+            t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: {refusal}")
             return False
         return (name in t.kernels and t.kernels[name][1]["direction"] == direction
                 and (tensor_cores or family not in TC_FAMILIES))
@@ -629,6 +624,18 @@ def _output_length(x, k: int, left: int, right: int, stride: int, dilation: int,
         raise ValueError(f"dwgen: no output for length {x.shape[2]}, kernel {k}, padding {padding}, "
                          f"dilation {dilation}; raise padding or the length")
     return span // stride + 1
+
+
+def _scope_refusal(family: str | None, config: dict) -> str | None:
+    """Why a narrow family's design cannot take every call its scope admits (space.scope_violations, restated
+    on a manifest record), else None: a walk backward whose blocks cover fewer positions than the left_halo grid
+    rule counts on; a lane forward walking tiles, whose grid counts a row's chunks."""
+    walk = _NARROW_SCOPES.get(family) == "left_halo"
+    if walk and config["threads"] // config["ct"] * config["seg"] < _LEFT_HALO_SPAN:  # positions a block covers
+        return f"its blocks cover fewer than the {_LEFT_HALO_SPAN} positions its scope's grid rule counts on"
+    if family == "dw1d_lane" and config.get("walk") != "row":
+        return "it walks tiles, whose grid cannot take every row its scope admits"
+    return None
 
 
 def _scope(t: Tables, name: str) -> str:
