@@ -12,6 +12,7 @@ a run that is stopped re-measures only what it had not finished.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -294,6 +295,7 @@ def record_path(runs: Path, k: int, dtype: str, layout: str, direction: str = "f
     return runs / "generic" / f"{key}-{tag.hexdigest()[:12]}.json"
 
 
+@functools.cache  # once a process: the GPU does not change under a search, and each kept record asks
 def this_gpu() -> str | None:
     """The first GPU's name as nvidia-smi gives it (torch's name for it too), without starting CUDA in this
     process (the measurements run in worker processes); None where there is none to ask."""
@@ -313,8 +315,8 @@ def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=prin
     the GPU it was timed on (the forty-second session froze H100 choices on an H200 this way, unsaid)."""
     path = record_path(runs, k, dtype, layout, direction)
     kept = json.loads(path.read_text()) if path.is_file() else None
-    there, here = (kept or {}).get("machine", {}).get("gpu"), this_gpu() if kept else None
-    if kept is not None and there and here and there != here:
+    there = (kept or {}).get("machine", {}).get("gpu")
+    if there and (here := this_gpu()) and there != here:
         log(f"  the measurement in {path} was made on {there}; this GPU is {here}: measuring again")
         kept = None
     if kept is not None:
