@@ -94,8 +94,8 @@ class _BenchBase:
         """PyTorch's side of the comparison, ready to time."""
         raise NotImplementedError
 
-    def checks(self, launcher):
-        """The correctness outcomes of a candidate on the problem and its edge problems (worst error counted)."""
+    def checks(self, launcher, edges: bool = True):
+        """The correctness outcomes of a candidate on the problem and (with `edges`) its edge problems."""
         raise NotImplementedError
 
     def stream_check(self, launcher):
@@ -114,19 +114,24 @@ class _BenchBase:
             self._baselines = {"copy_ms": copy.median_ms, "torch_ms": eager.median_ms}
         return self._baselines
 
-    def evaluate(self, cand: Candidate) -> dict:
+    def evaluate(self, cand: Candidate, edges: bool = True, timed: bool = True) -> dict:
+        """Checked on the problem (and its edge problems unless `edges` is off: a search that checked them on
+        another shape of the same build), then timed unless `timed` is off (a caller that re-times
+        interleaved)."""
         import torch
 
         launcher = self.launcher(cand)
         try:
             worst = 0.0
-            for outcome in self.checks(launcher):
+            for outcome in self.checks(launcher, edges):
                 if not outcome.ok:
                     return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
                 worst = max(worst, outcome.max_rel_error)
             outcome = self.stream_check(launcher)
             if not outcome.ok:
                 return {"status": "wrong", "message": outcome.message, "max_rel_error": outcome.max_rel_error}
+            if not timed:
+                return {"status": "ok", "max_rel_error": worst}
             t = self.timer.time(self.timed(launcher))
         finally:
             torch.cuda.synchronize()  # the module must outlive its last launch
@@ -179,10 +184,10 @@ class _Bench(_BenchBase):
             launcher.prepare(q, x, w, b, y)()
         return run
 
-    def checks(self, launcher: Launcher):
+    def checks(self, launcher: Launcher, edges: bool = True):
         from dwgen import check
 
-        for q in [self.problem, *launcher.variant.edge_problems()]:
+        for q in [self.problem, *(launcher.variant.edge_problems() if edges else ())]:
             yield check.check(q, self._run(launcher), cache=self.refs)
 
     def stream_check(self, launcher: Launcher):
@@ -236,7 +241,7 @@ class _BwdBench(_BenchBase):
         x, w, b, gy = self.operands()
         return bench.torch_backward_operands(self.problem, x, w, b, gy)
 
-    def checks(self, launcher: BwdLauncher):
+    def checks(self, launcher: BwdLauncher, edges: bool = True):
         from dwgen import check
 
         def run(q, x, w, b, gy, gx, gw, gb):
@@ -245,7 +250,7 @@ class _BwdBench(_BenchBase):
         # what the launch takes for q's own padding: a narrow generic kernel is built on a stand-in of its scope
         # (the lane backward's is causal, SiLU included) and measured on centred calls, which take no SiLU
         family = launcher.variant.family
-        for q in [self.problem, *launcher.variant.edge_problems()]:
+        for q in [self.problem, *(launcher.variant.edge_problems() if edges else ())]:
             yield check.check_backward(q, run, seeds=self.SEEDS)
             if other_activation(q) in family.activations(q):
                 yield check.check_backward(replace(q, activation=other_activation(q)), run, seeds=self.OTHER_SEEDS)
@@ -287,8 +292,9 @@ def machine_info() -> dict:
 
 
 def _serve(conn, problem: Problem, direction: str = "fwd") -> None:
+    bench_for = _Bench if direction == "fwd" else _BwdBench
     try:
-        bench = _Bench(problem) if direction == "fwd" else _BwdBench(problem)
+        bench = bench_for(problem)
     except Exception:
         conn.send(("fatal", traceback.format_exc()))
         return
@@ -301,6 +307,13 @@ def _serve(conn, problem: Problem, direction: str = "fwd") -> None:
         try:
             if op == "evaluate":
                 reply = ("ok", bench.evaluate(arg))
+            elif op == "check":
+                cand, edges = arg
+                reply = ("ok", bench.evaluate(cand, edges=edges, timed=False))
+            elif op == "problem":  # another problem of the direction: its own references, timer and baselines
+                bench = None  # the old problem's tensors go before the new ones are made
+                bench = bench_for(arg)
+                reply = ("ok", None)
             elif op == "baselines":
                 reply = ("ok", bench.baselines())
             elif op == "machine":
@@ -399,6 +412,27 @@ class GpuWorker:
         except WorkerDied as e:
             return base.with_(status=e.status, message=str(e))
         return base.with_(**out)
+
+    def check(self, cand: Candidate, base: Result, edges: bool = True) -> Result:
+        """evaluate's checks alone (the problem's, the edge problems' unless `edges` is off, the stream's): for
+        a caller that re-times the candidates that pass interleaved. kernel_ms stays unset."""
+        try:
+            out = self.call("check", (cand, edges))
+        except WorkerDied as e:
+            return base.with_(status=e.status, message=str(e))
+        return base.with_(**out)
+
+    def switch(self, problem: Problem) -> None:
+        """Serve another problem of this direction from the same child: starting one (a process, torch's
+        import, a CUDA context) costs seconds, which a search over many shapes would pay at each."""
+        if problem == self.problem:
+            return
+        self.problem = problem
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self.call("problem", problem)
+            except WorkerDied:
+                pass  # gone: the next call starts a child on the new problem
 
     def baselines(self) -> dict:
         return self.call("baselines")

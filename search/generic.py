@@ -167,34 +167,51 @@ def candidate_variants(k: int, dtype: str, layout: str, direction: str = "fwd") 
     return out
 
 
-def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40, direction: str = "fwd") -> dict:
+def choose(k: int, dtype: str, layout: str, build, log=print, rounds: int = 40, direction: str = "fwd",
+           worker=None) -> dict:
     """Measure every candidate on each training shape; return the record of the choice (decide) with every
-    candidate's x copy kept beside it."""
-    from dwgen.worker import BwdGpuWorker, GpuWorker
-    from search.loop import check_each
+    candidate's x copy kept beside it. `worker` (of the direction; else one of its own) serves every shape in
+    turn: a child started once, not once a shape. Each candidate is checked on every shape it is timed on, and
+    on its edge problems at the first (the same build runs them alike on every shape); a candidate that fails
+    a check is dropped whole."""
+    from dwgen.worker import BwdGpuWorker, Candidate, GpuWorker
+    from search.loop import build_result
 
     variants = candidate_variants(k, dtype, layout, direction)
+    t0 = time.perf_counter()
     builds = build(variants)
+    built = time.perf_counter()
+    problems = training_problems(k, dtype, layout, direction)
+    own = worker is None
+    worker = worker or (BwdGpuWorker if direction == "bwd" else GpuWorker)(problems[0])
     scores: dict[str, dict[str, float]] = {v.name: {} for v in variants}
+    edges_passed: set[str] = set()
     machine: dict = {}
-    for p in training_problems(k, dtype, layout, direction):
-        worker = (BwdGpuWorker if direction == "bwd" else GpuWorker)(p)
-        serves = [scope_admits(v.family.generic_scope, p) for v in variants]  # each on the shapes it serves
-        here = [v for v, s in zip(variants, serves, strict=True) if s]
-        try:
+    try:
+        for p in problems:
+            worker.switch(p)
             machine = machine or worker.machine()
             passed = []
-            for r, cand in check_each(worker, here, [b for b, s in zip(builds, serves, strict=True) if s]):
-                if cand is not None:
-                    passed.append(cand)
+            for v, b in zip(variants, builds, strict=True):
+                if v.name not in scores or not scope_admits(v.family.generic_scope, p):  # each on the shapes it serves
+                    continue
+                r = build_result(v, b)
+                if b.ok:
+                    r = worker.check(Candidate(v, b.library), r, edges=v.name not in edges_passed)
+                if r.status == "ok":
+                    edges_passed.add(v.name)
+                    passed.append(Candidate(v, b.library))
                 else:
-                    scores.pop(r.name, None)
+                    scores.pop(v.name)
                     log(f"  {p.key}: {r.summary()}")
-            times = worker.retime([c for c in passed if c.variant.name in scores], rounds)
-        finally:
+            times = worker.retime(passed, rounds) if passed else {}
+            for c in passed:
+                scores[c.variant.name][p.key] = times[c.variant.name] / times["copy_"]
+    finally:
+        if own:
             worker.close()
-        for name in [v.name for v in here if v.name in scores]:
-            scores[name][p.key] = times[name] / times["copy_"]
+    log(f"  built in {built - t0:.0f} s, checked and timed on {len(problems)} shapes in "
+        f"{time.perf_counter() - built:.0f} s")
     if not scores:
         key = generic_choice_key(generic_problem(k, dtype, layout), direction)
         raise RuntimeError(f"no generic candidate passed its check for {key}")
@@ -309,7 +326,8 @@ def this_gpu() -> str | None:
     return (q.stdout.strip() or None) if q.returncode == 0 else None
 
 
-def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=print, direction: str = "fwd") -> dict:
+def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=print, direction: str = "fwd",
+                    worker=None) -> dict:
     """A measurement of the same candidates on this kind of GPU (an interrupted run, or records carried from an
     earlier call), else a new one, kept. One made on another GPU is measured again: a choice is only as good as
     the GPU it was timed on (the forty-second session froze H100 choices on an H200 this way, unsaid)."""
@@ -324,7 +342,7 @@ def choose_or_reuse(k: int, dtype: str, layout: str, build, runs: Path, log=prin
         if "candidates" not in kept:  # kept before the candidates' scores were (thirtieth session): as chosen then
             return kept
         return decide(k, dtype, layout, kept["candidates"], kept["machine"], log=log, direction=direction)
-    rec = choose(k, dtype, layout, build, log=log, direction=direction)
+    rec = choose(k, dtype, layout, build, log=log, direction=direction, worker=worker)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1))
@@ -398,9 +416,13 @@ def main(argv: list[str]) -> int:
     except workflow.UserError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
         return 1
+    from dwgen.worker import BwdGpuWorker, GpuWorker
+
     out = a.out or freeze.DEFAULT_DIR
     t0 = time.perf_counter()
     chosen: dict[str, dict] = {}
+    # one child measures every key (it starts on the first call, and again after a freeze or a crash)
+    worker = (BwdGpuWorker if a.direction == "bwd" else GpuWorker)(generic_problem(ks[0], dtypes[0], layouts[0]))
     try:
         for dtype in dtypes:
             for layout in layouts:
@@ -408,15 +430,20 @@ def main(argv: list[str]) -> int:
                     key = generic_choice_key(generic_problem(k, dtype, layout), a.direction)
                     print(f"{key}: candidates on "
                           f"{', '.join(p.key for p in training_problems(k, dtype, layout, a.direction))}", flush=True)
-                    chosen[key] = choose_or_reuse(k, dtype, layout, build, Path("runs"), direction=a.direction)
+                    chosen[key] = choose_or_reuse(k, dtype, layout, build, Path("runs"), direction=a.direction,
+                                                  worker=worker)
                 # Frozen (through the gate) after every (dtype, layout); runs/generic/ keeps each K in between.
                 if not a.freeze_once:
+                    worker.close()  # the gate has the GPU to itself
                     workflow.freeze_gated([], out, generic=chosen)
+        worker.close()
         if a.freeze_once:
             workflow.freeze_gated([], out, generic=chosen)
     except workflow.UserError as e:
         print(f"python -m search.generic: {e}", file=sys.stderr)
         return 1
+    finally:
+        worker.close()
     print(f"\n{'generic kernel':14s} {'kernel':44s} {'geomean x copy':>15s}")
     for key, rec in chosen.items():
         print(f"{key:14s} {rec['kernel']:44s} {rec['geomean_x_copy']:15.3f}")

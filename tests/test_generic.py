@@ -1,5 +1,6 @@
 """search.generic's candidate designs: each one a valid, distinct kernel for every generic (dtype, layout, K)."""
 import json
+import types
 
 import pytest
 
@@ -37,7 +38,7 @@ def test_a_kept_measurement_is_reused_and_a_changed_candidate_list_is_not(tmp_pa
 
     calls = []
 
-    def fake_choose(k, dtype, layout, build, log=print, direction="fwd"):
+    def fake_choose(k, dtype, layout, build, log=print, direction="fwd", worker=None):
         calls.append((k, dtype, layout))
         return {"kernel": f"k{k}", "config": {}, "geomean_x_copy": 1.0}
 
@@ -57,7 +58,7 @@ def test_a_measurement_made_on_another_gpu_is_measured_again(tmp_path, monkeypat
 
     calls, lines = [], []
 
-    def fake_choose(k, dtype, layout, build, log=print, direction="fwd"):
+    def fake_choose(k, dtype, layout, build, log=print, direction="fwd", worker=None):
         calls.append(k)
         return {"kernel": f"k{k}", "config": {}, "geomean_x_copy": 1.0, "machine": {"gpu": "NVIDIA H200"}}
 
@@ -83,7 +84,7 @@ def test_choices_freeze_after_each_dtype_and_layout_or_once(monkeypatch, tmp_pat
 
     frozen = []
     monkeypatch.setattr(workflow, "gpu_builder", lambda runs, jobs: None)
-    monkeypatch.setattr(generic, "choose_or_reuse", lambda k, d, lay, build, runs, direction="fwd": {
+    monkeypatch.setattr(generic, "choose_or_reuse", lambda k, d, lay, build, runs, direction="fwd", worker=None: {
         "kernel": f"{d}_{lay}_k{k}", "geomean_x_copy": 1.0})
     monkeypatch.setattr(workflow, "freeze_gated", lambda winners, out, generic: frozen.append(sorted(generic)))
     monkeypatch.setattr(freeze, "DEFAULT_DIR", tmp_path)
@@ -230,14 +231,28 @@ def test_a_measurement_where_no_design_takes_the_whole_signature_passed_is_refus
         generic.decide(15, "fp16", "bcl", scores, {}, log=lambda *_: None, direction="bwd")
 
 
-def fake_worker(ratio: dict[str, float]) -> type:
-    """A worker whose re-timing reads each candidate at ratio[name] times a copy_ of 2.0."""
+def fake_worker(ratio: dict[str, float], fails=lambda p, name: False) -> type:
+    """A worker whose re-timing reads each candidate at ratio[name] times a copy_ of 2.0, and whose check fails
+    where fails(problem, name); it records each instance and each check (problem key, name, edges asked)."""
+    from dwgen.result import Result
+
     class FakeWorker:
+        made: list = []
+        checked: list = []
+
         def __init__(self, p):
+            self.p = p
+            FakeWorker.made.append(self)
+
+        def switch(self, p):
             self.p = p
 
         def machine(self):
             return {"gpu": "fake"}
+
+        def check(self, cand, base: Result, edges=True):
+            FakeWorker.checked.append((self.p.key, cand.variant.name, edges))
+            return base.with_(status="wrong", message="wrong") if fails(self.p, cand.variant.name) else base
 
         def retime(self, passed, rounds):
             return {"copy_": 2.0} | {c.variant.name: 2.0 * ratio[c.variant.name] for c in passed}
@@ -248,28 +263,28 @@ def fake_worker(ratio: dict[str, float]) -> type:
     return FakeWorker
 
 
-def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeypatch):
-    from types import SimpleNamespace
+def built(monkeypatch):
+    """Every variant built (search.loop.build_result's Result without a compiler): choose's build argument."""
+    from dwgen.result import Result
+    from search import loop
 
+    monkeypatch.setattr(loop, "build_result", lambda v, b: Result(v.name, v.digest, "ok", direction=v.direction))
+    return lambda vs: [types.SimpleNamespace(ok=True, library=f"{v.name}.so") for v in vs]
+
+
+def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeypatch):
     from dwgen import worker
-    from search import generic, loop
+    from search import generic
 
     variants = generic.candidate_variants(9, "fp16", "bcl")
     tc_name = next(v.name for v in variants if v.family.name == "dw1d_tc")
     broken = next(v.name for v in variants if v.family.name != "dw1d_tc")
     ratio = {v.name: 1.2 for v in variants} | {tc_name: 1.0}  # tensor cores 17% ahead: chosen
 
-    FakeWorker = fake_worker(ratio)
-
-    def fake_check_each(w, vs, builds):
-        for v in vs:
-            ok = not (v.name == broken and w.p.bias)  # fails its check on the second shape only
-            yield SimpleNamespace(name=v.name, summary=lambda: "wrong"), SimpleNamespace(variant=v) if ok else None
-
+    FakeWorker = fake_worker(ratio, fails=lambda p, name: name == broken and p.bias)  # fails on the second shape only
     monkeypatch.setattr(worker, "GpuWorker", FakeWorker)
-    monkeypatch.setattr(loop, "check_each", fake_check_each)
     lines = []
-    rec = generic.choose(9, "fp16", "bcl", lambda vs: [None] * len(vs), log=lines.append)
+    rec = generic.choose(9, "fp16", "bcl", built(monkeypatch), log=lines.append)
     shapes = generic.training_problems(9, "fp16", "bcl")
     anyshape = [p.key for p in generic.scope_problems(9, "fp16", "bcl")["any"]]
     assert rec["kernel"] == tc_name and rec["geomean_x_copy"] == pytest.approx(1.0)
@@ -279,33 +294,47 @@ def test_choose_measures_each_shape_drops_a_failed_candidate_and_decides(monkeyp
     assert all(list(xs) == [p.key for p in shapes if generic.scope_admits(scope[n], p)]
                for n, xs in rec["candidates"].items())
     assert any("wrong" in line for line in lines)
+    # one worker for every shape; each candidate checked on each shape it is timed on, its edge problems at the
+    # first only; a candidate that failed is not checked again
+    assert len(FakeWorker.made) == 1
+    for n in rec["candidates"]:
+        mine = [(key, edges) for key, name, edges in FakeWorker.checked if name == n]
+        assert [key for key, _ in mine] == list(rec["candidates"][n]) and [e for _, e in mine] == [True] + [False] * (
+            len(mine) - 1)
+    assert [key for key, name, _ in FakeWorker.checked if name == broken] == [p.key for p in shapes[:2]]
+
+
+def test_choose_uses_the_worker_it_is_given(monkeypatch):
+    from dwgen import worker
+    from search import generic
+
+    variants = generic.candidate_variants(3, "bf16", "blc")
+    FakeWorker = fake_worker({v.name: 1.1 for v in variants})
+    monkeypatch.setattr(worker, "GpuWorker", lambda p: pytest.fail("a worker of its own was started"))
+    given = FakeWorker(generic.generic_problem(5, "fp32", "bcl"))
+    generic.choose(3, "bf16", "blc", built(monkeypatch), log=lambda *_: None, worker=given)
+    assert given.p == generic.training_problems(3, "bf16", "blc")[-1]  # switched to each shape in turn
 
 
 def test_the_backward_measures_each_candidate_on_the_shapes_its_scope_takes(monkeypatch):
     """bf16 K8 (B, C, L): the fused designs on all four shapes, the lane ones on the causal and centred pair only;
     the lane design that wins there is chosen beside the fused one. (K10-16: the split ones on all four.)"""
-    from types import SimpleNamespace
-
     from dwgen import worker
-    from search import generic, loop
+    from search import generic
 
     variants = generic.candidate_variants(8, "bf16", "bcl", "bwd")
     lane = sorted(v.name for v in variants if v.family.name == "dw1d_bwdlane")
     ratio = {v.name: {"dw1d_bwd": 2.5, "dw1d_bwdlane": 1.6}[v.family.name] for v in variants}
     ratio[lane[0]] = 1.5
-    asked = {}
+    family = {v.name: v.family.name for v in variants}
 
     FakeWorker = fake_worker(ratio)
-
-    def fake_check_each(w, vs, builds):
-        assert len(builds) == len(vs)
-        asked[w.p.key] = {v.family.name for v in vs}
-        return [(SimpleNamespace(name=v.name), SimpleNamespace(variant=v)) for v in vs]
-
     monkeypatch.setattr(worker, "BwdGpuWorker", FakeWorker)
-    monkeypatch.setattr(loop, "check_each", fake_check_each)
-    rec = generic.choose(8, "bf16", "bcl", lambda vs: list(range(len(vs))), log=lambda *_: None, direction="bwd")
+    rec = generic.choose(8, "bf16", "bcl", built(monkeypatch), log=lambda *_: None, direction="bwd")
     shapes = generic.scope_problems(8, "bf16", "bcl", "bwd")
+    asked: dict[str, set] = {}
+    for key, name, _ in FakeWorker.checked:
+        asked.setdefault(key, set()).add(family[name])
     assert asked == ({p.key: {"dw1d_bwd"} for p in shapes["any"]}
                      | {p.key: {"dw1d_bwd", "dw1d_bwdlane"} for p in shapes["causal_or_centred"]})
     assert rec["kernel"].startswith("dw1d_bwd_") and [n["kernel"] for n in rec["narrow"]] == [lane[0]]
@@ -425,7 +454,7 @@ def test_backward_choices_are_kept_under_their_own_keys(monkeypatch, tmp_path, c
     frozen, asked = [], []
     monkeypatch.setattr(workflow, "gpu_builder", lambda runs, jobs: None)
 
-    def fake(k, d, lay, build, runs, direction="fwd"):
+    def fake(k, d, lay, build, runs, direction="fwd", worker=None):
         asked.append(direction)
         return {"kernel": f"{d}_{lay}_k{k}_{direction}", "geomean_x_copy": 1.5}
 
