@@ -58,6 +58,9 @@ def candidates(dtype: str, layout: str, direction: str = "fwd") -> list:
                # 1.11x copy where the one above read 1.42x (H100, forty-first session, docs/perf-notes.md)
                bcl.Config(threads=128, vec=v, outs=1, walk="row", halo="async"),
                bcl.Config(threads=128, vec=v, outs=2, walk="persistent", halo="async")]
+    if dtype == "fp32":  # one vector group of two runs a thread: the tuned fp32 K4 forward's winner (1.04x copy on
+        # 8x4096x2048), where the untuned 32x256x2048 K4 row reads 1.09x through the two-group design above
+        designs.append(bcl.Config(threads=64, vec=v, outs=1, run=2, halo="l1"))
     if DTYPES[dtype].bytes < 4:  # 8-half vectors take 38-40 registers at K7-K9 uncapped (bf16 K7 won capped)
         designs += [bcl.Config(threads=64, vec=v, outs=2, halo="l1", cap=True),
                     bcl.Config(threads=128, vec=v, outs=2, halo="l1", cap=True)]
@@ -101,10 +104,13 @@ def bwd_candidates(dtype: str, layout: str) -> list:
                bwd.Config(threads=256, outs=8, stage="raw", tiles=2)]
     # the suite's lane backward winners (sixteenth and twenty-sixth sessions): the Mamba SiLU backward's
     # t64_o8_n2_h2 and t128_o8_n4_h2, bf16 K7's t128_o8_n2, the bf16 target's t256_o8_ahead_h2, fp32 K7's
-    # t128_o8_n2_ahead (bwdlane.KNOWN_GOOD)
+    # t128_o8_n2_ahead (bwdlane.KNOWN_GOOD); and the two frozen for tuned problems since (generated/'s manifest,
+    # forty-second session): the Mamba SiLU backward's t128_o8_n2_h2 (1.57x copy) and bf16 K7's t128_o8_n16_h2
+    # (1.57x; a block walks up to 16 rows of a channel, so B <= 16 takes one launch)
     designs += [bwdlane.Config(threads=64, outs=8, rows=2, halves=2), bwdlane.Config(threads=128, outs=8, rows=4, halves=2),
                 bwdlane.Config(threads=128, outs=8, rows=2), bwdlane.Config(threads=256, outs=8, ahead=True, halves=2),
-                bwdlane.Config(threads=128, outs=8, rows=2, ahead=True)]
+                bwdlane.Config(threads=128, outs=8, rows=2, ahead=True),
+                bwdlane.Config(threads=128, outs=8, rows=2, halves=2), bwdlane.Config(threads=128, outs=8, rows=16, halves=2)]
     if DTYPES[dtype].bytes < 4:
         designs += [bwd.Config(threads=128, outs=8, stage="rawp", tiles=4),
                     bwd.Config(threads=128, outs=16, stage="rawp", tiles=2)]

@@ -101,7 +101,8 @@ def test_matches_float64_on_cpu(binaries, p, c):
     assert outcome.ok, f"{v.name} on {p.key} with x one element past a vector: {outcome.message}"
 
 
-# Designs the fast generic kernels use (generated/manifest.json: fp32 K10 and K11, 16-bit K9 and K15, bf16 K3), on
+# Designs the fast generic kernels use (generated/manifest.json: fp32 K10 and K11, 16-bit K9 and K15, bf16 K3) or
+# may (search.generic's candidates), on
 # paddings past the halo: the dispatcher sends any padding at stride and dilation 1 to them, so outputs longer
 # than the input (zeros in at both ends) must come out right; the gate checks the same through the op on the GPU.
 PAST_THE_HALO = [
@@ -110,6 +111,8 @@ PAST_THE_HALO = [
     (bcl(2, 2, 777, 9, 1, 11, 1, "fp16", padding_right=9, activation="silu"),
      Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
     (bcl(2, 3, 129, 3, 1, 5, 1, "bf16", padding_right=40), Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
+    # the fp32 candidate of one group of two runs (search.generic, forty-third session)
+    (bcl(2, 3, 301, 4, 1, 9, 1, "fp32", padding_right=6, bias=True), Config(threads=64, vec=4, outs=1, run=2, halo="l1")),
 ]
 
 
