@@ -258,8 +258,66 @@ def nan_gradients(p: Problem, x, w) -> tuple:
     return gx, gw, gb
 
 
-def _compare_gradients(p: Problem, got: tuple, x, w, b, gy, what_first: str) -> CheckOutcome:
-    refs, scales = backward_reference(p, x, w, b, gy)
+class BackwardReferenceCache:
+    """check_backward's inputs (x, w, b, grad_out) and float64 gradients with their error scales per (problem,
+    seed), as ReferenceCache keeps the forward's: a search checks every candidate of a problem on the same
+    seeds, and float64 autograd of a large problem costs more than the kernel it checks. The entry used
+    longest ago goes first; the entries together keep within max_bytes (on a GPU, a quarter of its memory: a
+    large problem's entry holds two float64 copies of x), and one larger than that is made and not kept."""
+
+    def __init__(self, device: str = "cuda", max_entries: int = 32, max_bytes: int | None = None):
+        self.device, self.max_entries, self.max_bytes = device, max_entries, max_bytes
+        self._entries: dict = {}
+        self._sizes: dict = {}
+
+    def _budget(self) -> float:
+        if self.max_bytes is None:
+            import torch
+
+            self.max_bytes = (torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4
+                              if self.device == "cuda" else float("inf"))
+        return self.max_bytes
+
+    def get(self, p: Problem, seed: int):
+        key = (p, seed)
+        if key in self._entries:
+            self._entries[key] = self._entries.pop(key)  # the most recently used last
+            return self._entries[key]
+        x, w, b = make_inputs(p, seed, self.device)
+        gy = grad_output(p, seed, x.device)
+        entry = (x, w, b, gy, *backward_reference(p, x, w, b, gy))
+        size = sum(t.numel() * t.element_size() for t in _tensors(entry))
+        if size > self._budget():
+            return entry
+        while self._entries and (len(self._entries) >= self.max_entries
+                                 or sum(self._sizes.values()) + size > self._budget()):
+            oldest = next(iter(self._entries))
+            del self._entries[oldest], self._sizes[oldest]
+        self._entries[key], self._sizes[key] = entry, size
+        return entry
+
+
+def _tensors(items) -> list:
+    """The tensors of a nest of tuples (None left out)."""
+    out = []
+    for t in items:
+        if isinstance(t, tuple):
+            out += _tensors(t)
+        elif t is not None:
+            out.append(t)
+    return out
+
+
+def _backward_operands(p: Problem, seed: int, cache: BackwardReferenceCache | None):
+    """x, w, b, grad_out and the float64 gradients and scales of (p, seed): from the cache, or made now."""
+    if cache is not None:
+        return cache.get(p, seed)
+    x, w, b = make_inputs(p, seed)
+    gy = grad_output(p, seed, x.device)
+    return (x, w, b, gy, *backward_reference(p, x, w, b, gy))
+
+
+def _compare_gradients(p: Problem, got: tuple, refs: tuple, scales: tuple, what_first: str) -> CheckOutcome:
     worst = 0.0
     for what, g, ref, scale in zip(("grad_x", "grad_weight", "grad_bias"), got, refs, scales, strict=True):
         outcome = compare(p, g, ref, scale)
@@ -269,19 +327,18 @@ def _compare_gradients(p: Problem, got: tuple, x, w, b, gy, what_first: str) -> 
     return CheckOutcome(True, "", worst)
 
 
-def check_backward(p: Problem, run: Callable, seeds=(0, 1)) -> CheckOutcome:
+def check_backward(p: Problem, run: Callable, seeds=(0, 1), cache: BackwardReferenceCache | None = None) -> CheckOutcome:
     """Run `run(problem, x, w, b, gy, gx, gw, gb)` (outputs NaN-filled, gx in x's layout) and compare all three
     with float64 autograd of the problem (its paddings and its activation)."""
     import torch
 
     worst = 0.0
     for seed in seeds:
-        x, w, b = make_inputs(p, seed)
-        gy = grad_output(p, seed, x.device)
+        x, w, b, gy, refs, scales = _backward_operands(p, seed, cache)
         gx, gw, gb = nan_gradients(p, x, w)
         run(p, x, w, b, gy, gx, gw, gb)
         torch.cuda.synchronize()
-        outcome = _compare_gradients(p, (gx, gw, gb), x, w, b, gy, f"seed {seed} act {p.activation_arg}: ")
+        outcome = _compare_gradients(p, (gx, gw, gb), refs, scales, f"seed {seed} act {p.activation_arg}: ")
         if not outcome.ok:
             return outcome
         worst = max(worst, outcome.max_rel_error)
@@ -297,13 +354,12 @@ def through_backward_op(op: Callable) -> Callable:
     return run
 
 
-def check_backward_stream(p: Problem, run: Callable) -> CheckOutcome:
+def check_backward_stream(p: Problem, run: Callable, cache: BackwardReferenceCache | None = None) -> CheckOutcome:
     """check_stream for the backward: its launch (both kernels, and any scratch it takes), captured into a
     CUDA graph on a side stream, writes nothing before the replay, and the replay's gradients are right."""
     import torch
 
-    x, w, b = make_inputs(p, 0)
-    gy = grad_output(p, 0, x.device)
+    x, w, b, gy, refs, scales = _backward_operands(p, 0, cache)
     gx, gw, gb = nan_gradients(p, x, w)
     graph, refused = _captured_on_a_side_stream(p, lambda: run(p, x, w, b, gy, gx, gw, gb))
     if refused is not None:
@@ -313,4 +369,4 @@ def check_backward_stream(p: Problem, run: Callable) -> CheckOutcome:
                                    "launch was captured on that stream)", float("inf"))
     graph.replay()
     torch.cuda.synchronize()
-    return _compare_gradients(p, (gx, gw, gb), x, w, b, gy, "graph replay: ")
+    return _compare_gradients(p, (gx, gw, gb), refs, scales, "graph replay: ")

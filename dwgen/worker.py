@@ -213,8 +213,11 @@ class _BwdBench(_BenchBase):
     OTHER_SEEDS = (2,)  # with the other one: one seed
 
     def __init__(self, problem: Problem):
+        from dwgen import check
+
         super().__init__(problem)
         self._operands = None
+        self.refs = check.BackwardReferenceCache()
 
     def operands(self) -> tuple:
         """x, w, b and grad_out of the problem (seed 0), the inputs every timed launch reads."""
@@ -251,15 +254,16 @@ class _BwdBench(_BenchBase):
         # (the lane backward's is causal, SiLU included) and measured on centred calls, which take no SiLU
         family = launcher.variant.family
         for q in [self.problem, *(launcher.variant.edge_problems() if edges else ())]:
-            yield check.check_backward(q, run, seeds=self.SEEDS)
+            yield check.check_backward(q, run, seeds=self.SEEDS, cache=self.refs)
             if other_activation(q) in family.activations(q):
-                yield check.check_backward(replace(q, activation=other_activation(q)), run, seeds=self.OTHER_SEEDS)
+                yield check.check_backward(replace(q, activation=other_activation(q)), run, seeds=self.OTHER_SEEDS,
+                                           cache=self.refs)
 
     def stream_check(self, launcher: BwdLauncher):
         from dwgen import check
 
         return check.check_backward_stream(self.problem, lambda q, x, w, b, gy, gx, gw, gb: launcher.prepare(
-            q, gy, x, w, b, gx, gw, gb)())
+            q, gy, x, w, b, gx, gw, gb)(), cache=self.refs)
 
     def timed(self, launcher: BwdLauncher):
         x, w, b, gy = self.operands()

@@ -74,3 +74,45 @@ def test_the_backward_op_is_called_with_the_problems_paddings_and_activation():
     gx, gw, gb = (torch.empty_like(t) for t in (x, w, torch.zeros(p.channels)))
     check.through_backward_op(op)(p, x, w, b, None, gx, gw, gb)
     assert seen == [(1, 3, 0, 1, 1)] and torch.equal(gx, x)
+
+
+def test_backward_checks_reuse_cached_references_and_still_catch_a_wrong_gradient(monkeypatch):
+    """check_backward with a BackwardReferenceCache computes float64 autograd once per (problem, seed), checks
+    each run against it, and evicts the entry used longest ago."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    made = []
+    real = check.backward_reference
+    monkeypatch.setattr(check, "backward_reference", lambda q, *a: made.append(q) or real(q, *a))
+    p = CAUSAL[1]
+
+    def right(q, x, w, b, gy, gx, gw, gb):
+        rx, rw, rb = bench.torch_backward_operands(q, x, w, b, gy)()
+        gx.copy_(rx), gw.copy_(rw), gb.copy_(rb)
+
+    def wrong(q, x, w, b, gy, gx, gw, gb):
+        right(q, x, w, b, gy, gx, gw, gb)
+        gw[1, 0, 2] += 0.5
+
+    cache = check.BackwardReferenceCache(device="cpu", max_entries=2)
+    assert check.check_backward(p, right, cache=cache).ok and check.check_backward(p, right, cache=cache).ok
+    assert made == [p, p]  # seeds 0 and 1, once each
+    out = check.check_backward(p, wrong, cache=cache)
+    assert not out.ok and "seed 0" in out.message and "grad_weight" in out.message and len(made) == 2
+    cache.get(p, 0)  # seed 0 used last: seed 1 goes first
+    cache.get(p, 2)
+    cache.get(p, 0)
+    cache.get(p, 1)
+    assert len(made) == 4
+
+
+def test_the_backward_cache_keeps_within_its_bytes():
+    p = CAUSAL[0]
+    one = check.BackwardReferenceCache(device="cpu")
+    entry = one.get(p, 0)
+    size = sum(t.numel() * t.element_size() for t in check._tensors(entry))
+    two = check.BackwardReferenceCache(device="cpu", max_bytes=2 * size)
+    for seed in (0, 1, 2):
+        two.get(p, seed)
+    assert list(two._entries) == [(p, 1), (p, 2)]  # the third pushed the first out
+    small = check.BackwardReferenceCache(device="cpu", max_bytes=size - 1)
+    assert torch.equal(small.get(p, 0)[0], entry[0]) and not small._entries  # made, not kept

@@ -352,14 +352,15 @@ def test_the_checks_ask_a_lane_candidate_for_what_each_call_s_padding_takes(monk
     from search import generic
 
     seen: list[tuple[bool, str]] = []
-    monkeypatch.setattr(check, "check_backward", lambda q, run, seeds: seen.append((q.causal, q.activation)))
+    monkeypatch.setattr(check, "check_backward", lambda q, run, seeds, cache=None: seen.append(
+        (q.causal, q.activation)))
     shapes = generic.scope_problems(7, "bf16", "bcl", "bwd")["causal_or_centred"]
     lane = next(v for v in generic.candidate_variants(7, "bf16", "bcl", "bwd") if v.family.name == "dw1d_bwdlane")
     assert lane.problem.causal  # built on the stand-in
     for q in shapes:
         seen.clear()
         bench = object.__new__(worker._BwdBench)  # its __init__ needs a GPU; checks() reads the problem alone
-        bench.problem = q
+        bench.problem, bench.refs = q, None
         list(bench.checks(types.SimpleNamespace(variant=lane)))
         assert (q.causal, q.activation) in seen
         assert all(causal or act == "none" for causal, act in seen), (q.key, seen)
