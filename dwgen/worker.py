@@ -211,6 +211,7 @@ class _BwdBench(_BenchBase):
 
     SEEDS = (0, 1)  # with the problem's activation
     OTHER_SEEDS = (2,)  # with the other one: one seed
+    refs = None  # the float64 gradients of the checks, kept across candidates (__init__ makes the cache)
 
     def __init__(self, problem: Problem):
         from dwgen import check

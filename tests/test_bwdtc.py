@@ -244,7 +244,7 @@ def test_the_checks_run_the_split_backward_without_silu_and_the_fused_one_with_b
     from dwgen import check, worker
 
     seen: list[str] = []
-    monkeypatch.setattr(check, "check_backward", lambda q, run, seeds: seen.append(q.activation))
+    monkeypatch.setattr(check, "check_backward", lambda q, run, seeds, cache=None: seen.append(q.activation))
     bench = object.__new__(worker._BwdBench)  # its __init__ needs a GPU; checks() reads the problem alone
     bench.problem = CONFORMER
     for family, served in (("dw1d_bwdtc", {"none"}), ("dw1d_bwd", {"none", "silu"})):

@@ -61,7 +61,7 @@ def asked(candidate, problem) -> list:
 
     seen = []
     mp = pytest.MonkeyPatch()
-    mp.setattr(check, "check_backward", lambda q, run, seeds: seen.append(q))
+    mp.setattr(check, "check_backward", lambda q, run, seeds, cache=None: seen.append(q))
     try:
         bench = object.__new__(worker._BwdBench)  # its __init__ needs a GPU; checks() reads the problem alone
         bench.problem = problem
