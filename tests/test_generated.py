@@ -44,6 +44,25 @@ def test_every_file_is_named_by_the_manifest():
     assert files - named == set(), "files in generated/ the manifest does not name: remove them or re-freeze"
 
 
+def test_each_fast_generic_kernel_is_of_its_key():
+    """Every kernel of the fast generic tables (the narrow ones too) is of the direction, dtype, layout and K its
+    key names, at stride and dilation 1: the frozen module takes the tables as written (it checks each kernel's
+    family against its table, not its signature against the key), so a freeze that filed one under another key
+    would run it on calls it was never built for."""
+    kernels = {k["name"]: k for k in m["kernels"]}
+    tables = {"fast": "fwd", "fast_narrow": "fwd", "fast_bwd": "bwd", "fast_bwd_narrow": "bwd"}
+    wrong = []
+    for table, direction in tables.items():
+        for key, names in m["generic"].get(table, {}).items():
+            dtype, layout, k = re.fullmatch(r"(fp32|fp16|bf16)_(bcl|blc)_k(\d+)", key).groups()
+            for name in [names] if isinstance(names, str) else names:
+                sig, where = kernels[name]["signature"], kernels[name]["direction"]
+                if (where, sig["dtype"], sig["layout"], sig["kernel_size"], sig["stride"], sig["dilation"]) != (
+                        direction, dtype, layout, int(k), 1, 1):
+                    wrong.append(f"{table}[{key}]: {name}")
+    assert not wrong, wrong
+
+
 def test_target_shape_is_frozen():
     assert "32x512x8192_k3_s1_p1_d1_fp32_bcl_nobias" in {e["key"] for e in m["entries"]}
 
