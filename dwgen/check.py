@@ -117,22 +117,67 @@ def compare(p: Problem, out, ref, scale) -> CheckOutcome:
     return CheckOutcome(True, "", max_rel)
 
 
-class ReferenceCache:
-    """Inputs and float64 references per (problem, seed), computed once per process and reused for
-    every variant checked there; each seed's inputs are still fresh random data, never zeros."""
+class _ProblemSeedCache:
+    """Operands and float64 references per (problem, seed), made once per process and reused for every
+    variant checked there (each seed's inputs still fresh random data, never zeros): a search checks every
+    candidate of a problem on the same seeds, and float64 references of a large problem cost more than the
+    kernel they check. The entry used longest ago goes first; the entries together keep within max_bytes (on
+    a GPU, a quarter of its memory), and one larger than that is made and not kept. Subclasses say what an
+    entry is (`_make`)."""
 
-    def __init__(self, device: str = "cuda", max_entries: int = 64):
-        self.device, self.max_entries = device, max_entries
+    def __init__(self, device: str = "cuda", max_entries: int = 32, max_bytes: int | None = None):
+        self.device, self.max_entries, self.max_bytes = device, max_entries, max_bytes
         self._entries: dict = {}
+        self._sizes: dict = {}
+
+    def _make(self, p: Problem, seed: int) -> tuple:
+        raise NotImplementedError
+
+    def _budget(self) -> float:
+        if self.max_bytes is None:
+            import torch
+
+            self.max_bytes = (torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4
+                              if self.device == "cuda" else float("inf"))
+        return self.max_bytes
 
     def get(self, p: Problem, seed: int):
         key = (p, seed)  # the problem holds its paddings and activation
-        if key not in self._entries:
-            if len(self._entries) >= self.max_entries:
-                self._entries.pop(next(iter(self._entries)))
-            x, w, b = make_inputs(p, seed, self.device)
-            self._entries[key] = (x, w, b, *reference(p, x, w, b))
-        return self._entries[key]
+        if key in self._entries:
+            self._entries[key] = self._entries.pop(key)  # the most recently used last
+            return self._entries[key]
+        entry = self._make(p, seed)
+        size = sum(t.numel() * t.element_size() for t in _tensors(entry))
+        if size > self._budget():
+            return entry
+        while self._entries and (len(self._entries) >= self.max_entries
+                                 or sum(self._sizes.values()) + size > self._budget()):
+            oldest = next(iter(self._entries))
+            del self._entries[oldest], self._sizes[oldest]
+        self._entries[key], self._sizes[key] = entry, size
+        return entry
+
+
+def _tensors(items) -> list:
+    """The tensors of a nest of tuples (None and numbers left out)."""
+    out = []
+    for t in items:
+        if isinstance(t, tuple):
+            out += _tensors(t)
+        elif hasattr(t, "element_size"):
+            out.append(t)
+    return out
+
+
+class ReferenceCache(_ProblemSeedCache):
+    """The forward's: x, w, b, the float64 output and its error scale."""
+
+    def __init__(self, device: str = "cuda", max_entries: int = 64, max_bytes: int | None = None):
+        super().__init__(device, max_entries, max_bytes)
+
+    def _make(self, p: Problem, seed: int) -> tuple:
+        x, w, b = make_inputs(p, seed, self.device)
+        return (x, w, b, *reference(p, x, w, b))
 
 
 def _captured_on_a_side_stream(p: Problem, launch: Callable[[], object]):
@@ -258,63 +303,19 @@ def nan_gradients(p: Problem, x, w) -> tuple:
     return gx, gw, gb
 
 
-class BackwardReferenceCache:
-    """check_backward's inputs (x, w, b, grad_out) and float64 gradients with their error scales per (problem,
-    seed), as ReferenceCache keeps the forward's: a search checks every candidate of a problem on the same
-    seeds, and float64 autograd of a large problem costs more than the kernel it checks. The entry used
-    longest ago goes first; the entries together keep within max_bytes (on a GPU, a quarter of its memory: a
-    large problem's entry holds two float64 copies of x), and one larger than that is made and not kept."""
+class BackwardReferenceCache(_ProblemSeedCache):
+    """check_backward's: x, w, b, grad_out, and the float64 gradients with their error scales (a large
+    problem's entry holds two float64 copies of x)."""
 
-    def __init__(self, device: str = "cuda", max_entries: int = 32, max_bytes: int | None = None):
-        self.device, self.max_entries, self.max_bytes = device, max_entries, max_bytes
-        self._entries: dict = {}
-        self._sizes: dict = {}
-
-    def _budget(self) -> float:
-        if self.max_bytes is None:
-            import torch
-
-            self.max_bytes = (torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4
-                              if self.device == "cuda" else float("inf"))
-        return self.max_bytes
-
-    def get(self, p: Problem, seed: int):
-        key = (p, seed)
-        if key in self._entries:
-            self._entries[key] = self._entries.pop(key)  # the most recently used last
-            return self._entries[key]
+    def _make(self, p: Problem, seed: int) -> tuple:
         x, w, b = make_inputs(p, seed, self.device)
         gy = grad_output(p, seed, x.device)
-        entry = (x, w, b, gy, *backward_reference(p, x, w, b, gy))
-        size = sum(t.numel() * t.element_size() for t in _tensors(entry))
-        if size > self._budget():
-            return entry
-        while self._entries and (len(self._entries) >= self.max_entries
-                                 or sum(self._sizes.values()) + size > self._budget()):
-            oldest = next(iter(self._entries))
-            del self._entries[oldest], self._sizes[oldest]
-        self._entries[key], self._sizes[key] = entry, size
-        return entry
-
-
-def _tensors(items) -> list:
-    """The tensors of a nest of tuples (None left out)."""
-    out = []
-    for t in items:
-        if isinstance(t, tuple):
-            out += _tensors(t)
-        elif t is not None:
-            out.append(t)
-    return out
+        return (x, w, b, gy, *backward_reference(p, x, w, b, gy))
 
 
 def _backward_operands(p: Problem, seed: int, cache: BackwardReferenceCache | None):
     """x, w, b, grad_out and the float64 gradients and scales of (p, seed): from the cache, or made now."""
-    if cache is not None:
-        return cache.get(p, seed)
-    x, w, b = make_inputs(p, seed)
-    gy = grad_output(p, seed, x.device)
-    return (x, w, b, gy, *backward_reference(p, x, w, b, gy))
+    return cache.get(p, seed) if cache is not None else BackwardReferenceCache()._make(p, seed)
 
 
 def _compare_gradients(p: Problem, got: tuple, refs: tuple, scales: tuple, what_first: str) -> CheckOutcome:

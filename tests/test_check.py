@@ -105,14 +105,14 @@ def test_backward_checks_reuse_cached_references_and_still_catch_a_wrong_gradien
     assert len(made) == 4
 
 
-def test_the_backward_cache_keeps_within_its_bytes():
+@pytest.mark.parametrize("kind", [check.ReferenceCache, check.BackwardReferenceCache], ids=lambda k: k.__name__)
+def test_a_reference_cache_keeps_within_its_bytes(kind):
     p = CAUSAL[0]
-    one = check.BackwardReferenceCache(device="cpu")
-    entry = one.get(p, 0)
+    entry = kind(device="cpu").get(p, 0)
     size = sum(t.numel() * t.element_size() for t in check._tensors(entry))
-    two = check.BackwardReferenceCache(device="cpu", max_bytes=2 * size)
+    two = kind(device="cpu", max_bytes=2 * size)
     for seed in (0, 1, 2):
         two.get(p, seed)
     assert list(two._entries) == [(p, 1), (p, 2)]  # the third pushed the first out
-    small = check.BackwardReferenceCache(device="cpu", max_bytes=size - 1)
+    small = kind(device="cpu", max_bytes=size - 1)
     assert torch.equal(small.get(p, 0)[0], entry[0]) and not small._entries  # made, not kept
