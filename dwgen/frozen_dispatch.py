@@ -257,12 +257,19 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
         t.warnings.append(f"dwgen: generated/ was tuned on GPU architecture {', '.join(sorted(foreign))}, this GPU "
                           f"is {capability}: those entries fall back to the generic kernels; re-tune here with "
                           "`python tune.py`")
-    def usable(name: str, direction: str, narrow: bool) -> bool:
-        """Trusted, of the table's direction and of a family whose scope the table holds (a narrow table only
-        narrow ones); without tensor cores, not of a tensor-core family (its calls run the generic kernel, or
-        the key's other fast kernel)."""
+    def usable(name: str, direction: str, narrow: bool, key: str) -> bool:
+        """Trusted, of the table's direction, of its key's signature (dtype, layout and K at stride and dilation
+        1), and of a family whose scope the table holds (a narrow table only narrow ones); without tensor cores,
+        not of a tensor-core family (its calls run the generic kernel, or the key's other fast kernel)."""
         config = t.kernels[name][1]["config"] if name in t.kernels else {}
         family = config.get("family")
+        sig = t.kernels[name][1].get("signature", {}) if name in t.kernels else {}
+        if name in t.kernels and (f"{sig.get('dtype')}_{sig.get('layout')}_k{sig.get('kernel_size')}" != key
+                                  or (sig.get("stride"), sig.get("dilation")) != (1, 1)):
+            t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: it was "
+                              f"built for another signature than its table's key {key!r}; re-freeze with "
+                              "`python -m search.generic`")
+            return False
         if name in t.kernels and (family in _NARROW_SCOPES) != narrow:
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its family "
                               f"serves {'some calls only' if not narrow else 'every call'}, not what its table holds")
@@ -277,10 +284,10 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
     for part, (direction, narrow) in _FAST_TABLES.items():
         table = m["generic"].get(part, {})
         if narrow:
-            kept = {key: [n for n in names if usable(n, direction, True)] for key, names in table.items()}
+            kept = {key: [n for n in names if usable(n, direction, True, key)] for key, names in table.items()}
             setattr(t, part, {key: names for key, names in kept.items() if names})
         else:
-            setattr(t, part, {key: name for key, name in table.items() if usable(name, direction, False)})
+            setattr(t, part, {key: name for key, name in table.items() if usable(name, direction, False, key)})
     _lent_tables(t)
     return t
 

@@ -367,3 +367,21 @@ def test_a_fast_table_naming_a_kernel_of_the_wrong_scope_is_refused_with_a_warni
     fused_in_narrow = m["generic"]["fast_bwd_narrow"]["fp16_bcl_k15"][0]
     assert any(lane_in_fast in w and "serves some calls only" in w for w in t.warnings)
     assert any(fused_in_narrow in w and "serves every call" in w for w in t.warnings)
+
+
+@pytest.mark.parametrize("field,value", [("kernel_size", 4), ("dtype", "fp16"), ("layout", "blc"), ("stride", 2)])
+def test_a_fast_table_naming_a_kernel_of_another_signature_is_refused_with_a_warning(here, field, value):
+    """A fast generic kernel runs every call of its key's dtype, layout and K at stride and dilation 1; one built
+    for another signature (a freeze that filed it under the wrong key, an edited manifest) is not used, and
+    says so: the key's calls run the generic kernel instead of a kernel built for other calls."""
+    def edit(m):
+        name = m["generic"]["fast"]["bf16_bcl_k3"]
+        signature = next(k for k in m["kernels"] if k["name"] == name)["signature"]
+        assert signature[field] != value
+        signature[field] = value
+
+    m = rewrite(here, edit)
+    t = trusted(here)
+    name = m["generic"]["fast"]["bf16_bcl_k3"]
+    assert "bf16_bcl_k3" not in t.fast and len(t.fast) == len(m["generic"]["fast"]) - 1
+    assert any(name in w and "another signature than its table's key 'bf16_bcl_k3'" in w for w in t.warnings)
