@@ -548,3 +548,36 @@ def test_a_dry_run_compiles_each_candidate_once_and_fails_when_one_does_not(caps
     assert "compile_error" in capsys.readouterr().out
     assert dry_run([3], ["fp16"], ["bcl"], "bwd", lambda vs, on_done=None: [
         SimpleNamespace(name=v.name, ok=True, cached=True, seconds=0.0, status="ok") for v in vs]) == 0
+
+
+def test_the_frozen_modules_scope_rules_agree_with_the_search():
+    """generated/ is torch-only, so it restates two rules of dwgen.space on manifest records: which family serves
+    which scope (_NARROW_SCOPES against each family's GENERIC_SCOPE) and what keeps a design from its scope
+    (_scope_refusal against scope_violations). Both sides are asked about every candidate design of every
+    dtype, layout and direction, and about designs each rule refuses, on the stand-in the search checks them on."""
+    from dwgen import frozen_dispatch
+    from dwgen.families import bwdwalk, lane
+    from dwgen.space import FAMILIES, Variant, family_of_config, generic_problem, scope_stand_in, scope_violations
+
+    narrow = {f.name: f.generic_scope for fams in FAMILIES.values() for f in fams
+              if f.generic_scope not in (None, "any")}
+    assert frozen_dispatch._NARROW_SCOPES == narrow
+    refused = {("bwd", "blc"): [bwdwalk.Config(threads=128, ct=32, vec=4, seg=128, unroll=4, stages=3)],
+               ("fwd", "bcl"): [lane.Config(threads=64, vecs=4, spread=True), lane.Config(threads=128, vecs=1)]}
+    asked = {"refused": 0, "kept": 0}
+    for direction in ("fwd", "bwd"):
+        for layout in LAYOUTS:
+            for dtype in DTYPES:
+                designs = [*candidates(dtype, layout, direction), *refused.get((direction, layout), [])]
+                for c in designs:
+                    p = generic_problem(4, dtype, layout)
+                    family = family_of_config(p, c, direction)
+                    if family.generic_scope in (None, "any"):
+                        continue
+                    q = scope_stand_in(p, family.generic_scope)
+                    config = Variant(q, c, direction).config_dict
+                    search_says = scope_violations(q, c, family.generic_scope)
+                    frozen_says = frozen_dispatch._scope_refusal(config.get("family"), config)
+                    assert (frozen_says is None) == (not search_says), (direction, dtype, layout, config)
+                    asked["refused" if search_says else "kept"] += 1
+    assert asked["refused"] >= 3 * 3 and asked["kept"] > 0  # both answers asked of both sides
