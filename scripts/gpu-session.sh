@@ -32,6 +32,10 @@
 #   probe   scripts/probe-train.py: forward, backward and both against PyTorch, x copy (a quick look, not the bench)
 #   some    python -m pytest on TEST_FILES
 #   optests the registered op and its backward alone (opcheck, gradients, compile, graphs, training)
+#   rows    python -m dwgen.bench on a few rows alone (ROWS_FILE, default scripts/ab-untuned-fwd.txt; contenders
+#           BENCH_ONLY, default dwgen; copy_ always), into $OUT/rows<n> and rows<n>.log: given twice, e.g.
+#           `rows generic rows`, it times the same rows on the module before and after a freeze in one call,
+#           at a fraction of the whole bench's time (a comparison within one machine's run)
 #   tunefile  python tune.py --suite $TUNE_FILE $TUNE_ARGS, seeded like suite (SEEDS=snapshot), runs/ kept: a
 #           chosen few problems, e.g. TUNE_FILE=scripts/nearmiss-bwd.txt TUNE_ARGS="--direction bwd --sampler
 #           grid --trials 100000" (every variant of the backward's near misses)
@@ -132,6 +136,9 @@ for step in "$@"; do
             timed "ab$n" python3 scripts/probe-ab.py $args < /dev/null; done < "$AB_FILE"
         else timed ab python3 scripts/probe-ab.py ${AB_ARGS:?AB_ARGS or AB_FILE names a problem, edits and variants}; fi ;;
     optests) timed optests python3 -m pytest -q -rs tests/gpu/test_op_gpu.py ;;
+    rows) ROWS_N=$((${ROWS_N:-0} + 1))  # numbered, so that rows before and after a freeze both come back
+          timed "rows$ROWS_N" python3 -m dwgen.bench --suite "${ROWS_FILE:-scripts/ab-untuned-fwd.txt}" \
+            --only "${BENCH_ONLY:-dwgen}" --out "$OUT/rows$ROWS_N" ;;
     bwdtests) timed bwdtests python3 -m pytest -q -rs tests/gpu/test_bwd_variants_gpu.py tests/gpu/test_tune_bwd_gpu.py ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
