@@ -236,19 +236,12 @@ def test_weight_gradient_matches_float64_on_cpu(tmp_path, monkeypatch, p, c):
         assert torch.equal(wr, w.flip(-1)), f"{v.name} on {q.key}: the reversed taps"
 
 
-def test_the_checks_run_the_split_backward_without_silu_and_the_fused_one_with_both(monkeypatch):
+def test_the_checks_run_the_split_backward_without_silu_and_the_fused_one_with_both():
     """The split launch refuses a SiLU, so the worker's checks must not ask one of it (they did: every split
     variant of the first GPU tune failed its check with cudaErrorInvalidValue); the fused family still gets both."""
-    import types
+    from tests.backward_checks import asked
 
-    from dwgen import check, worker
-
-    seen: list[str] = []
-    monkeypatch.setattr(check, "check_backward", lambda q, run, seeds, cache=None: seen.append(q.activation))
-    bench = object.__new__(worker._BwdBench)  # its __init__ needs a GPU; checks() reads the problem alone
-    bench.problem = CONFORMER
     for family, served in (("dw1d_bwdtc", {"none"}), ("dw1d_bwd", {"none", "silu"})):
-        seen.clear()
         v = next(v for v in enumerate_space(CONFORMER, "bwd") if v.family.name == family)
-        list(bench.checks(types.SimpleNamespace(variant=v)))
+        seen = [q.activation for q in asked(v, CONFORMER)]
         assert len(seen) > 3 and set(seen) == served, (family, seen)

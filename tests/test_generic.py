@@ -341,27 +341,19 @@ def test_the_backward_measures_each_candidate_on_the_shapes_its_scope_takes(monk
     assert sorted(rec["candidates"][lane[0]]) == sorted(p.key for p in shapes["causal_or_centred"])
 
 
-def test_the_checks_ask_a_lane_candidate_for_what_each_call_s_padding_takes(monkeypatch):
+def test_the_checks_ask_a_lane_candidate_for_what_each_call_s_padding_takes():
     """A lane candidate is built on its scope's causal stand-in, whose launch takes SiLU; measured on a centred
     shape, its checks must ask no SiLU of the centred calls (they did: on the H100 every lane candidate failed
     with cudaErrorInvalidValue on the centred shapes and was dropped whole), and SiLU of the causal ones."""
-    import types
-
-    from dwgen import check, worker
     from dwgen.problem import Problem
     from search import generic
+    from tests.backward_checks import asked
 
-    seen: list[tuple[bool, str]] = []
-    monkeypatch.setattr(check, "check_backward", lambda q, run, seeds, cache=None: seen.append(
-        (q.causal, q.activation)))
     shapes = generic.scope_problems(7, "bf16", "bcl", "bwd")["causal_or_centred"]
     lane = next(v for v in generic.candidate_variants(7, "bf16", "bcl", "bwd") if v.family.name == "dw1d_bwdlane")
     assert lane.problem.causal  # built on the stand-in
     for q in shapes:
-        seen.clear()
-        bench = object.__new__(worker._BwdBench)  # its __init__ needs a GPU; checks() reads the problem alone
-        bench.problem = q
-        list(bench.checks(types.SimpleNamespace(variant=lane)))
+        seen = [(c.causal, c.activation) for c in asked(lane, q)]
         assert (q.causal, q.activation) in seen
         assert all(causal or act == "none" for causal, act in seen), (q.key, seen)
         assert (True, "silu") in seen  # the stand-in's own edge problems are causal and take both

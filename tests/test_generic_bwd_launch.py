@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import types
 
 import pytest
 
 from dwgen.problem import ACTIVATIONS
+from tests.backward_checks import asked
 from tests.cuda_on_cpu import build_all
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -54,21 +54,6 @@ def launch_codes(exe, calls) -> list[int]:
 KEYS = (("bf16", 4, "bcl"), ("fp32", 7, "bcl"), ("fp16", 9, "bcl"), ("bf16", 4, "blc"), ("fp16", 7, "blc"),
         ("fp32", 3, "blc"))
 
-
-def asked(candidate, problem) -> list:
-    """The (call, activation) pairs the worker's checks make of a candidate measured on problem."""
-    from dwgen import check, worker
-
-    seen = []
-    mp = pytest.MonkeyPatch()
-    mp.setattr(check, "check_backward", lambda q, run, seeds, cache=None: seen.append(q))
-    try:
-        bench = object.__new__(worker._BwdBench)  # its __init__ needs a GPU; checks() reads the problem alone
-        bench.problem = problem
-        list(bench.checks(types.SimpleNamespace(variant=candidate)))
-    finally:
-        mp.undo()
-    return seen
 
 
 @pytest.mark.parametrize("dtype,k,layout", KEYS, ids=[f"{d}_{lay}_k{k}" for d, k, lay in KEYS])
