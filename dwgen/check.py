@@ -125,8 +125,11 @@ class _ProblemSeedCache:
     a GPU, a quarter of its memory), and one larger than that is made and not kept. Subclasses say what an
     entry is (`_make`)."""
 
-    def __init__(self, device: str = "cuda", max_entries: int = 32, max_bytes: int | None = None):
-        self.device, self.max_entries, self.max_bytes = device, max_entries, max_bytes
+    MAX_ENTRIES = 32
+
+    def __init__(self, device: str = "cuda", max_entries: int | None = None, max_bytes: int | None = None):
+        self.device, self.max_bytes = device, max_bytes
+        self.max_entries = self.MAX_ENTRIES if max_entries is None else max_entries
         self._entries: dict = {}
         self._sizes: dict = {}
 
@@ -172,8 +175,7 @@ def _tensors(items) -> list:
 class ReferenceCache(_ProblemSeedCache):
     """The forward's: x, w, b, the float64 output and its error scale."""
 
-    def __init__(self, device: str = "cuda", max_entries: int = 64, max_bytes: int | None = None):
-        super().__init__(device, max_entries, max_bytes)
+    MAX_ENTRIES = 64  # a forward entry is about half a backward one
 
     def _make(self, p: Problem, seed: int) -> tuple:
         x, w, b = make_inputs(p, seed, self.device)

@@ -261,16 +261,19 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
         """Trusted, of the table's direction, of its key's signature (dtype, layout and K at stride and dilation
         1), and of a family whose scope the table holds (a narrow table only narrow ones); without tensor cores,
         not of a tensor-core family (its calls run the generic kernel, or the key's other fast kernel)."""
-        config = t.kernels[name][1]["config"] if name in t.kernels else {}
+        if name not in t.kernels:  # dropped as untrusted: the key's calls run the generic kernel
+            return False
+        record = t.kernels[name][1]
+        config, sig = record["config"], record.get("signature")
         family = config.get("family")
-        sig = t.kernels[name][1].get("signature", {}) if name in t.kernels else {}
-        if name in t.kernels and (f"{sig.get('dtype')}_{sig.get('layout')}_k{sig.get('kernel_size')}" != key
-                                  or (sig.get("stride"), sig.get("dilation")) != (1, 1)):
+        dtype, layout, k = _FAST_KEY.fullmatch(key).groups()
+        if not isinstance(sig, dict) or [sig.get(f) for f in ("dtype", "layout", "kernel_size", "stride", "dilation")] \
+                != [dtype, layout, int(k), 1, 1]:
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: it was "
                               f"built for another signature than its table's key {key!r}; re-freeze with "
                               "`python -m search.generic`")
             return False
-        if name in t.kernels and (family in _NARROW_SCOPES) != narrow:
+        if (family in _NARROW_SCOPES) != narrow:
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: its family "
                               f"serves {'some calls only' if not narrow else 'every call'}, not what its table holds")
             return False
@@ -278,8 +281,7 @@ def _trusted(m: dict, here: Path, capability: str | None, tensor_cores: bool = T
         if refusal is not None:
             t.warnings.append(f"dwgen: kernel {name!r} of generated/ is not used as a fast generic kernel: {refusal}")
             return False
-        return (name in t.kernels and t.kernels[name][1]["direction"] == direction
-                and (tensor_cores or family not in TC_FAMILIES))
+        return record["direction"] == direction and (tensor_cores or family not in TC_FAMILIES)
 
     for part, (direction, narrow) in _FAST_TABLES.items():
         table = m["generic"].get(part, {})
