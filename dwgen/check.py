@@ -315,11 +315,6 @@ class BackwardReferenceCache(_ProblemSeedCache):
         return (x, w, b, gy, *backward_reference(p, x, w, b, gy))
 
 
-def _backward_operands(p: Problem, seed: int, cache: BackwardReferenceCache | None):
-    """x, w, b, grad_out and the float64 gradients and scales of (p, seed): from the cache, or made now."""
-    return cache.get(p, seed) if cache is not None else BackwardReferenceCache()._make(p, seed)
-
-
 def _compare_gradients(p: Problem, got: tuple, refs: tuple, scales: tuple, what_first: str) -> CheckOutcome:
     worst = 0.0
     for what, g, ref, scale in zip(("grad_x", "grad_weight", "grad_bias"), got, refs, scales, strict=True):
@@ -335,9 +330,10 @@ def check_backward(p: Problem, run: Callable, seeds=(0, 1), cache: BackwardRefer
     with float64 autograd of the problem (its paddings and its activation)."""
     import torch
 
+    cache = cache or BackwardReferenceCache()
     worst = 0.0
     for seed in seeds:
-        x, w, b, gy, refs, scales = _backward_operands(p, seed, cache)
+        x, w, b, gy, refs, scales = cache.get(p, seed)
         gx, gw, gb = nan_gradients(p, x, w)
         run(p, x, w, b, gy, gx, gw, gb)
         torch.cuda.synchronize()
@@ -362,7 +358,8 @@ def check_backward_stream(p: Problem, run: Callable, cache: BackwardReferenceCac
     CUDA graph on a side stream, writes nothing before the replay, and the replay's gradients are right."""
     import torch
 
-    x, w, b, gy, refs, scales = _backward_operands(p, 0, cache)
+    cache = cache or BackwardReferenceCache()
+    x, w, b, gy, refs, scales = cache.get(p, 0)
     gx, gw, gb = nan_gradients(p, x, w)
     graph, refused = _captured_on_a_side_stream(p, lambda: run(p, x, w, b, gy, gx, gw, gb))
     if refused is not None:
