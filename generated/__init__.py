@@ -121,6 +121,8 @@ def _kernel_problem(k) -> str | None:
         return "align_bytes, channel_multiple, peels_misalignment or sizes_at_run_time has the wrong type or range"
     if k.get("direction") not in _DIRECTIONS:
         return "its direction is not fwd or bwd"
+    if not isinstance(k.get("config"), dict) or not isinstance(k.get("signature"), dict):
+        return "its config or signature is not a record"  # the fast tables' and the dispatch's rules read both
     return None
 
 

@@ -109,6 +109,7 @@ def test_a_missing_kernel_file_is_refused(here):
     ("align_bytes", "16"), ("align_bytes", True), ("align_bytes", 4096), ("channel_multiple", 0),
     ("channel_multiple", 1.0), ("peels_misalignment", 1), ("sizes_at_run_time", None), ("name", "x; system(1)"),
     ("file", "../../../etc/passwd"), ("file", "kernels/evil\n.cu"), ("sha256", None),
+    ("config", None), ("config", []), ("signature", None), ("signature", "fp32_bcl_k3"),
 ])
 def test_a_kernel_record_of_the_wrong_type_is_refused(here, field, value):
     name = tuned_entry(manifest(here))["kernel"]
