@@ -286,7 +286,7 @@ def narrow_choice(scope: str, variants: dict, scores: dict[str, dict[str, float]
     all of them: the split backward takes the causal and centred shapes as well as the two every design is
     measured on) and beats it over all of them together, by TC_MARGIN for a tensor-core one. The margin weighs
     the tensor cores' non-finite handling once, over every call the design would take; asked of each group, a
-    design 12% faster on the centred calls was dropped for being 1.7% faster on the causal ones (bf16 K12)."""
+    design 12% faster on one pair of its shapes was dropped for being 1.7% faster on the other (bf16 K12)."""
     mine = [n for n in scores if variants[n].family.generic_scope == scope]
     if not mine:
         return None
