@@ -58,6 +58,9 @@
 #           AB_ARGS="--shape 8x4096x2048 -k 4 --padding causal --activation silu --dtype bf16 --direction bwd
 #           --edit same --edit stream dw1d_bwdlane_bf16_k4_t128_o8_n2_h2" (`same`, A built again, is the control)
 #           AB_FILE=<file> instead: one such argument list a line (# comments), each run in turn (ab<n>.log)
+# Candidates compiled on another machine (python -m search.generic --dry-run) travel as runs/build.tgz (made with
+# `tar czf runs/build.tgz -C runs build`: the folder itself is past what a call carries beside the tree), unpacked
+# here before the first step.
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -65,6 +68,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
+fi
+if [ -f runs/build.tgz ]; then
+  tar xzf runs/build.tgz -C runs && rm runs/build.tgz && echo "unpacked $(ls runs/build | wc -l) compiled candidates into runs/build"
 fi
 SEED_ARGS=()
 if [ "${SEEDS:-}" = snapshot ]; then
