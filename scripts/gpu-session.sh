@@ -60,7 +60,7 @@
 #           AB_FILE=<file> instead: one such argument list a line (# comments), each run in turn (ab<n>.log)
 # Candidates compiled on another machine (python -m search.generic --dry-run) travel as runs/build.tgz (made with
 # `tar czf runs/build.tgz -C runs build`: the folder itself is past what a call carries beside the tree), unpacked
-# here before the first step.
+# here before the first step (runs/ is ignored by git: name runs/build.tgz in the device tool's carry).
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -70,7 +70,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site
 fi
 if [ -f runs/build.tgz ]; then
-  tar xzf runs/build.tgz -C runs && rm runs/build.tgz && echo "unpacked $(ls runs/build | wc -l) compiled candidates into runs/build"
+  tar xzf runs/build.tgz -C runs && rm runs/build.tgz && echo "unpacked $(ls runs/build | wc -l) compiled candidates into runs/build" \
+    || echo "runs/build.tgz: unpack failed; the search compiles its candidates here" >&2
 fi
 SEED_ARGS=()
 if [ "${SEEDS:-}" = snapshot ]; then

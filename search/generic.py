@@ -251,8 +251,8 @@ def decide(k: int, dtype: str, layout: str, scores: dict[str, dict[str, float]],
            direction: str = "fwd") -> dict:
     """The record of one (dtype, layout, K)'s choice from its candidates' x copy on each training shape: the
     best design of scope "any" (it takes every call of the key) on the "any" shapes; then under narrow, narrowest
-    scope first, each narrower scope's design that beats it on every shape the scope takes (narrow_choice): the
-    lane backward for causal and centred calls, the split backward within the halo (no key has both: K9 and
+    scope first, each narrower scope's design that is no slower on each group of shapes the scope takes and beats
+    it over all of them (narrow_choice): the lane backward for causal and centred calls, the split backward within the halo (no key has both: K9 and
     bwdtc.MIN_TAPS). The dispatcher runs those for the calls they admit."""
     variants = {v.name: v for v in candidate_variants(k, dtype, layout, direction)}
     shapes = {s: [p.key for p in ps] for s, ps in scope_problems(k, dtype, layout, direction).items()}
@@ -303,16 +303,16 @@ def narrow_choice(scope: str, variants: dict, scores: dict[str, dict[str, float]
                 and all(key in scores[n] for key in ks)}
 
     best = min(mine, key=lambda n: geo(n, keys))
-    for g in served:  # on each group, rivals weighed as pick weighs them, this design without its own margin
-        theirs = rivals(g)
-        if pick({**theirs, best: geo(best, g)}, tensor_core & set(theirs)) != best:
+    for g in served:  # on each group, rivals weighed as pick weighs them, this design without its own margin (and
+        theirs = rivals(g)  # first, so that a tie goes to it: no slower is enough there)
+        if pick({best: geo(best, g), **theirs}, tensor_core & set(theirs)) != best:
             log(f"  {best} ({scope}) is not chosen: on {', '.join(g)} it reads {geo(best, g):.3f}x copy against "
                 f"{min(theirs.values()):.3f}x")
             return None
     theirs = rivals(keys)
-    if pick({**theirs, best: geo(best, keys)}, tensor_core & ({best} | set(theirs))) != best:
+    if pick({best: geo(best, keys), **theirs}, tensor_core & ({best} | set(theirs))) != best:
         log(f"  {best} ({scope}) is not chosen: over {', '.join(keys)} it reads {geo(best, keys):.3f}x copy against "
-            f"{min(theirs.values()):.3f}x, within the tensor-core margin")
+            f"{min(theirs.values()):.3f}x" + (", within the tensor-core margin" if best in tensor_core else ""))
         return None
     log(f"  {best} is chosen beside the fused design for the {scope} calls it takes ({geo(best, keys):.3f}x copy)")
     return {"scope": scope, "kernel": best, "config": variants[best].config_dict,
