@@ -426,7 +426,11 @@ def main(argv: list[str]) -> int:
     from search import workflow
 
     if a.dry_run:
-        return dry_run(ks, dtypes, layouts, a.direction, workflow.make_builder(Path("runs") / "build", a.arch, a.jobs))
+        rc = dry_run(ks, dtypes, layouts, a.direction, workflow.make_builder(Path("runs") / "build", a.arch, a.jobs))
+        if rc == 0:
+            print("take runs/build to the GPU host, or one archive of it (tar czf runs/build.tgz -C runs build), which "
+                  "scripts/gpu-session.sh unpacks")
+        return rc
     try:
         build = workflow.gpu_builder(Path("runs"), a.jobs)
     except workflow.UserError as e:
