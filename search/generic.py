@@ -252,8 +252,8 @@ def decide(k: int, dtype: str, layout: str, scores: dict[str, dict[str, float]],
     """The record of one (dtype, layout, K)'s choice from its candidates' x copy on each training shape: the
     best design of scope "any" (it takes every call of the key) on the "any" shapes; then under narrow, narrowest
     scope first, each narrower scope's design that is no slower on each group of shapes the scope takes and beats
-    it over all of them (narrow_choice): the lane backward for causal and centred calls, the split backward within the halo (no key has both: K9 and
-    bwdtc.MIN_TAPS). The dispatcher runs those for the calls they admit."""
+    it over all of them (narrow_choice): the lane backward for causal and centred calls, the split backward within
+    the halo (no key has both: K9 and bwdtc.MIN_TAPS). The dispatcher runs those for the calls they admit."""
     variants = {v.name: v for v in candidate_variants(k, dtype, layout, direction)}
     shapes = {s: [p.key for p in ps] for s, ps in scope_problems(k, dtype, layout, direction).items()}
     tensor_core = {n for n in scores if variants[n].family.name in TENSOR_CORE_FAMILIES}
@@ -303,8 +303,10 @@ def narrow_choice(scope: str, variants: dict, scores: dict[str, dict[str, float]
                 and all(key in scores[n] for key in ks)}
 
     best = min(mine, key=lambda n: geo(n, keys))
-    for g in served:  # on each group, rivals weighed as pick weighs them, this design without its own margin (and
-        theirs = rivals(g)  # first, so that a tie goes to it: no slower is enough there)
+    # On each group the rivals are weighed as pick weighs them, this design without its own margin and first in
+    # the dict, so that a tie goes to it (no slower is enough there); the margin is asked once, over all its shapes.
+    for g in served:
+        theirs = rivals(g)
         if pick({best: geo(best, g), **theirs}, tensor_core & set(theirs)) != best:
             log(f"  {best} ({scope}) is not chosen: on {', '.join(g)} it reads {geo(best, g):.3f}x copy against "
                 f"{min(theirs.values()):.3f}x")
