@@ -74,6 +74,15 @@ CASES = [
     (blc(2, 12, 131, 4, 1, 3, 1, "fp32", padding_right=0, activation="silu"),
      Config(threads=64, vec=2, outs=8, steps=4, cthreads=16)),
     (blc(1, 16, 97, 2, 3, 1, 1, "bf16"), Config(threads=64, vec=4, outs=1, steps=16, cthreads=16)),
+    # the ring of cp.async copies (ring > 1): 8-, 16- and 4-byte vectors, a stride, causal SiLU, walks longer
+    # and shorter than the ring
+    (blc(2, 64, 333, 9, 1, 4, 1, "fp16"), Config(threads=128, vec=4, outs=4, steps=16, cthreads=32, ring=4)),
+    (blc(1, 128, 301, 4, 1, 3, 1, "bf16", bias=True), Config(threads=128, vec=8, outs=2, steps=16, cthreads=16,
+                                                              ring=2)),
+    (blc(2, 16, 257, 3, 2, 1, 1, "bf16"), Config(threads=64, vec=2, outs=2, steps=4, cthreads=8, ring=4)),
+    (blc(2, 12, 131, 4, 1, 3, 1, "fp32", padding_right=0, activation="silu"),
+     Config(threads=64, vec=2, outs=8, steps=4, cthreads=16, ring=4)),
+    (blc(1, 32, 300, 15, 1, 7, 1, "fp16"), Config(threads=128, vec=2, outs=4, steps=16, cthreads=32, ring=2)),
 ]
 
 
@@ -102,6 +111,8 @@ PAST_THE_HALO = [
     (blc(1, 24, 500, 15, 1, 19, 1, "fp16", padding_right=15), Config(threads=128, vec=2, outs=4, steps=16, cthreads=32)),
     (blc(2, 32, 99, 10, 1, 10, 1, "bf16", padding_right=30, activation="silu"),
      Config(threads=128, vec=4, outs=4, steps=16, cthreads=32)),
+    (blc(1, 24, 500, 9, 1, 12, 1, "fp16", padding_right=12), Config(threads=128, vec=4, outs=4, steps=16, cthreads=32,
+                                                                    ring=4)),
 ]
 
 

@@ -200,15 +200,17 @@ def test_a_measured_generic_design_may_be_of_another_family_of_its_layout():
     assert vs["bf16_bcl_k15"].family.name == "dw1d"  # another dtype keeps its own
 
 
-def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream) -> bool:
+def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream, ring) -> bool:
     """The (B, L, C) family's restrictions restated from first principles."""
     window = (outs - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
-    fresh = min(window, outs * p.stride)  # inputs a step fetches for the next one, held raw
-    registers = (window + p.kernel_size + 2) * vec + fresh * vec * p.elem_bytes // 4
+    fresh = min(window, outs * p.stride)  # inputs a step fetches for the next one: raw in registers, or a ring
+    registers = (window + p.kernel_size + 2) * vec + (fresh * vec * p.elem_bytes // 4 if ring == 1 else 0)
+    ring_ok = ring == 1 or (vec * p.elem_bytes >= 4 and ring <= steps
+                            and ring * fresh * threads * vec * p.elem_bytes <= 48 * 1024)
     return (vec * p.elem_bytes <= 16 and cthreads <= threads and registers <= 128
             and p.channels % vec == 0
             and (cthreads * vec <= max(p.channels, 32 * vec) or cthreads == 8)
-            and threads // cthreads * outs * steps <= max(p.out_length, 64))
+            and threads // cthreads * outs * steps <= max(p.out_length, 64) and ring_ok)
 
 
 @pytest.mark.parametrize("p", [Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc"),
@@ -529,7 +531,7 @@ def test_digest_covers_the_partials_a_template_includes(monkeypatch):
     from dwgen import space
 
     assert [name for name, _ in space.with_includes(("dw1d_cl.cu.j2", space.COMMON_TEMPLATE))] == [
-        "dw1d_cl.cu.j2", "_common.cu.j2", "_silu_ftz.cu.j2"]
+        "dw1d_cl.cu.j2", "_common.cu.j2", "_silu_ftz.cu.j2", "_cl_outputs.cu.j2"]
     v = enumerate_space(Problem(2, 16, 300, 4, padding=3, padding_right=0, activation="silu"))[0]
     before = v.digest
     text = space.template_text

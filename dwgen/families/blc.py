@@ -20,7 +20,13 @@ AXES: dict[str, tuple] = {
     "steps": (1, 4, 16),  # steps along the length per thread; the window's overlap stays in registers
     "cthreads": (8, 16, 32, 64, 128),  # threads of a block side by side along the channels
     "stream": (False, True),
+    # steps a thread fetches ahead: 1, the next step's inputs in registers; 2 or 4, a ring in shared memory filled
+    # by cp.async (16-bit K8-16 rows 3-14% faster with 4, thirty-fourth and forty-seventh sessions; K5 and fp32
+    # rows not)
+    "ring": (1, 2, 4),
 }
+
+RING_SHARED_BYTES = 48 * 1024  # a block's static shared memory
 
 MAX_REGISTER_FLOATS = 128  # window, weights, bias and accumulators per thread; more spills
 
@@ -33,6 +39,7 @@ class Config(AxisConfig):
     steps: int = 4
     cthreads: int = 32
     stream: bool = False
+    ring: int = 1
 
     AXES = AXES
 
@@ -67,9 +74,17 @@ class Tiling:
 
     @property
     def register_floats(self) -> int:
-        """Window, weights, bias, one accumulator vector and the next step's raw inputs, in 4-byte registers."""
+        """Window, weights, bias, one accumulator vector and (without a ring) the next step's raw inputs, in
+        4-byte registers."""
         c, p = self.config, self.problem
-        return (self.window + p.kernel_size + 2) * c.vec + (self.window - self.keep) * c.vec * p.elem_bytes // 4
+        raw_next = (self.window - self.keep) * c.vec * p.elem_bytes // 4 if c.ring == 1 else 0
+        return (self.window + p.kernel_size + 2) * c.vec + raw_next
+
+    @property
+    def ring_bytes(self) -> int:
+        """The ring's shared memory: RING slots of each thread's new inputs a step."""
+        c = self.config
+        return c.ring * (self.window - self.keep) * c.threads * c.vec * self.problem.elem_bytes if c.ring > 1 else 0
 
 
 def vector_within_16_bytes(p: Problem, c: Config) -> bool:
@@ -98,6 +113,20 @@ def tile_fits_length(p: Problem, c: Config) -> bool:
     return Tiling(p, c).tile_length <= max(p.out_length, 64)
 
 
+def ring_copies_whole_words(p: Problem, c: Config) -> bool:
+    """cp.async copies 4, 8 or 16 bytes."""
+    return c.ring == 1 or c.vec * p.elem_bytes >= 4
+
+
+def ring_fits_shared(p: Problem, c: Config) -> bool:
+    return Tiling(p, c).ring_bytes <= RING_SHARED_BYTES
+
+
+def ring_within_steps(p: Problem, c: Config) -> bool:
+    """A thread's walk is STEPS steps: a ring fetches at most that far ahead."""
+    return c.ring <= max(c.steps, 1)
+
+
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     vector_within_16_bytes,
     cthreads_within_block,
@@ -105,6 +134,9 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     channels_whole_vectors,
     tile_fits_channels,
     tile_fits_length,
+    ring_copies_whole_words,
+    ring_fits_shared,
+    ring_within_steps,
 )
 
 
@@ -112,6 +144,8 @@ def name_tokens(c: Config) -> list[str]:
     parts = ["cl", f"t{c.threads}", f"v{c.vec}", f"o{c.outs}", f"w{c.steps}", f"c{c.cthreads}"]
     if c.stream:
         parts.append("cs")
+    if c.ring > 1:
+        parts.append(f"r{c.ring}")
     return parts
 
 
@@ -122,8 +156,9 @@ def config_from_tokens(tokens: list[str], name: str) -> Config:
     for tok in tokens[1:]:
         if tok == "cs":
             fields["stream"] = True
-        elif tok[:1] in "tvowc" and tok[1:].isdigit():
-            fields[{"t": "threads", "v": "vec", "o": "outs", "w": "steps", "c": "cthreads"}[tok[0]]] = int(tok[1:])
+        elif tok[:1] in "tvowcr" and tok[1:].isdigit():
+            fields[{"t": "threads", "v": "vec", "o": "outs", "w": "steps", "c": "cthreads",
+                    "r": "ring"}[tok[0]]] = int(tok[1:])
         else:
             raise ValueError(f"{name}: unknown token {tok!r}")
     return Config(**fields)
@@ -136,7 +171,7 @@ def render_context(p: Problem, c: Config) -> dict:
         "steps": c.steps, "tile_channels": t.tile_channels, "tile_length": t.tile_length, "window": t.window,
         "keep": t.keep,
         "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation, "stream": c.stream,
-        "top_half": DTYPES[p.dtype].top_half,
+        "ring": c.ring, "top_half": DTYPES[p.dtype].top_half,
     }
 
 
