@@ -204,8 +204,8 @@ def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream, 
     """The (B, L, C) family's restrictions restated from first principles."""
     window = (outs - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
     fresh = min(window, outs * p.stride)  # inputs a step fetches for the next one: raw in registers, or a ring
-    registers = (window + p.kernel_size + 2) * vec + (fresh * vec * p.elem_bytes // 4 if ring == 1 else 0)
-    ring_ok = ring == 1 or (vec * p.elem_bytes >= 4 and ring <= steps
+    registers = (window + p.kernel_size + 2) * vec + fresh * vec * p.elem_bytes // 4  # a ring frees none (ptxas)
+    ring_ok = ring == 1 or (vec * p.elem_bytes >= 4 and ring <= steps and not stream
                             and ring * fresh * threads * vec * p.elem_bytes <= 48 * 1024)
     return (vec * p.elem_bytes <= 16 and cthreads <= threads and registers <= 128
             and p.channels % vec == 0

@@ -21,8 +21,8 @@ AXES: dict[str, tuple] = {
     "cthreads": (8, 16, 32, 64, 128),  # threads of a block side by side along the channels
     "stream": (False, True),
     # steps a thread fetches ahead: 1, the next step's inputs in registers; 2 or 4, a ring in shared memory filled
-    # by cp.async (16-bit K8-16 rows 3-14% faster with 4, thirty-fourth and forty-seventh sessions; K5 and fp32
-    # rows not)
+    # by cp.async (a 16-step 16-bit design 3-14% faster with 4, thirty-fourth and forty-seventh sessions; against
+    # the best design without one: 0-13% ahead at 16-bit K10-16, within 3% at K8-9, behind at K <= 7)
     "ring": (1, 2, 4),
 }
 
@@ -74,11 +74,11 @@ class Tiling:
 
     @property
     def register_floats(self) -> int:
-        """Window, weights, bias, one accumulator vector and (without a ring) the next step's raw inputs, in
-        4-byte registers."""
+        """Window, weights, bias, one accumulator vector and the next step's raw inputs, in 4-byte registers. A
+        ring holds the raw inputs in shared memory, but ptxas (sm_90) gave ring variants no fewer registers (bf16
+        K9 `t128_v4_o4_w16_c32`: 122 with and without), so they are counted with or without one."""
         c, p = self.config, self.problem
-        raw_next = (self.window - self.keep) * c.vec * p.elem_bytes // 4 if c.ring == 1 else 0
-        return (self.window + p.kernel_size + 2) * c.vec + raw_next
+        return (self.window + p.kernel_size + 2) * c.vec + (self.window - self.keep) * c.vec * p.elem_bytes // 4
 
     @property
     def ring_bytes(self) -> int:
@@ -127,6 +127,11 @@ def ring_within_steps(p: Problem, c: Config) -> bool:
     return c.ring <= max(c.steps, 1)
 
 
+def ring_without_stream(p: Problem, c: Config) -> bool:
+    """The ring's cp.async copies take no cache hint: a streaming ring would be a streaming design in name only."""
+    return c.ring == 1 or not c.stream
+
+
 RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     vector_within_16_bytes,
     cthreads_within_block,
@@ -137,6 +142,7 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
     ring_copies_whole_words,
     ring_fits_shared,
     ring_within_steps,
+    ring_without_stream,
 )
 
 
