@@ -28,6 +28,8 @@ PROBLEMS = [
     Problem(4, 256, 1000, 4, 1, 3, dtype="bf16", layout="blc"),
     Problem(2, 64, 999, 5, 2, 4, 2, dtype="fp16", layout="blc", bias=True),
     Problem(3, 96, 513, 3, 1, 1, dtype="fp32", layout="blc"),
+    # a 16-bit (B, L, C) walk long enough for the ring's designs, rows ending mid-step, causal SiLU
+    Problem(2, 128, 1001, 9, 1, 8, dtype="fp16", layout="blc", padding_right=0, activation="silu"),
     # Mamba's conv over (B, C, L): causal, SiLU (the lane family's spread runs among its designs)
     Problem(3, 16, 2048, 4, 1, 3, dtype="bf16", padding_right=0, activation="silu"),
 ]
@@ -52,8 +54,12 @@ def sample(p: Problem, n: int = 10, per_family: int = 3):
             v = next((v for v in widest_first if has(v) and v not in picked), None)
             if v is not None:
                 picked.append(v)
-    else:
+    else:  # the widest design, then each ring depth (cp.async order: the CPU emulation copies at once)
         picked.append(widest_first[0])
+        for ring in (2, 4):
+            v = next((v for v in widest_first if v.config.ring == ring and v not in picked), None)
+            if v is not None:
+                picked.append(v)
     for family in others:
         theirs = [v for v in vs if v.family == family]
         picked += rng.sample(theirs, min(per_family, len(theirs)))
