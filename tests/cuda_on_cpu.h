@@ -182,6 +182,37 @@ inline unsigned long long launches = 0;  // launches so far: with the block's in
 // This launch's and block's number, unique over the program: emulated state kept per block resets when it changes.
 inline unsigned long long block_serial() { return launches << 32 | (blockIdx.x + gridDim.x * blockIdx.y); }
 
+// cp.async as the device may run it, for a template whose host branch calls these (emu::cp_async, cp_async_commit,
+// cp_async_wait) instead of copying at once: a copy lands only when a wait_group of the thread that issued it
+// retires its group, and until then its destination holds 0xff bytes (NaN in every float type), so a read that
+// comes before its wait reads NaN. A copy still in flight when its thread returns fails the launch.
+struct AsyncCopy {
+    void* dst;
+    const void* src;  // nullptr: zeros (a source size of 0)
+    int bytes;
+    long long group;  // the number of groups its thread had committed when it was issued
+};
+inline std::vector<AsyncCopy> async_copies[1024];
+inline long long async_groups[1024];
+inline void cp_async(void* dst, const void* src, const int bytes) {
+    std::memset(dst, 0xff, static_cast<size_t>(bytes));
+    async_copies[current].push_back({dst, src, bytes, async_groups[current]});
+}
+inline void cp_async_commit() { ++async_groups[current]; }
+// cp.async.wait_group `pending`: every copy of a committed group older than the newest `pending` lands.
+inline void cp_async_wait(const int pending) {
+    std::vector<AsyncCopy> left;
+    for (const AsyncCopy& c : async_copies[current]) {
+        if (c.group < async_groups[current] - pending) {
+            if (c.src) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+            else std::memset(c.dst, 0, static_cast<size_t>(c.bytes));
+        } else {
+            left.push_back(c);
+        }
+    }
+    async_copies[current].swap(left);
+}
+
 // The generation of the block barrier a fiber waits at (-1: none): greedy scheduling skips such a fiber.
 inline long long block_wait_gen[1024];
 inline bool blocked_at_block_barrier(const int t) {
@@ -232,7 +263,11 @@ void launch(F kernel, const dim3_ grid, const int block, int, void*, A... args) 
             fibers[t].uc_link = nullptr;
             makecontext(&fibers[t], fiber_main, 0);
         }
-        for (int t = 0; t < block; ++t) block_wait_gen[t] = -1;
+        for (int t = 0; t < block; ++t) {
+            block_wait_gen[t] = -1;
+            async_copies[t].clear();
+            async_groups[t] = 0;
+        }
         int left = block;
         // One slice of fiber t: it runs until it waits at a barrier or ends.
         auto slice = [&](const int t) {
@@ -248,6 +283,11 @@ void launch(F kernel, const dim3_ grid, const int block, int, void*, A... args) 
                 fiber_finished = false;
                 state[t] = 2;
                 --left;
+                if (!async_copies[t].empty()) {
+                    std::fprintf(stderr, "emu: thread %d of block %u returned with %zu cp.async copies in flight\n", t,
+                                 blockIdx.x + gridDim.x * blockIdx.y, async_copies[t].size());
+                    std::exit(4);
+                }
             }
         };
         while (left > 0) {
