@@ -183,7 +183,7 @@ inline unsigned long long launches = 0;  // launches so far: with the block's in
 inline unsigned long long block_serial() { return launches << 32 | (blockIdx.x + gridDim.x * blockIdx.y); }
 
 // cp.async as the device may run it, for a template whose host branch calls these (emu::cp_async, cp_async_commit,
-// cp_async_wait) instead of copying at once: a copy lands only when a wait_group of the thread that issued it
+// cp_async_wait) instead of copying at once, and for the tensor-core partials' CPU stand-ins (tests/cuda_on_cpu.py): a copy lands only when a wait_group of the thread that issued it
 // retires its group, and until then its destination holds 0xff bytes (NaN in every float type), so a read that
 // comes before its wait reads NaN. A copy still in flight when its thread returns fails the launch.
 struct AsyncCopy {

@@ -129,53 +129,16 @@ inline void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigne
     emu::warp_barriers[t / 32].wait();
 }
 
-// cp.async: a copy lands when its thread waits on its group, as the device only promises; until then its
-// destination reads as NaN (0xff bytes in every float type), so a read before the wait (or before the barrier
-// after it, for another thread's copies) gives a wrong output. Copies left pending by a block are dropped.
-struct EmuCopy {
-    void* dst;
-    const void* src;
-    bool valid;
-};
-static std::vector<EmuCopy> emu_pending[1024];  // a thread's copies issued and not yet landed
-static std::vector<size_t> emu_group_ends[1024];  // the pending count at each of its commits
-static unsigned long long emu_pending_block[1024];
-
-inline void emu_same_block() {
-    const unsigned t = threadIdx.x;
-    const unsigned long long block = emu::block_serial();
-    if (emu_pending_block[t] != block) {
-        emu_pending[t].clear();
-        emu_group_ends[t].clear();
-        emu_pending_block[t] = block;
-    }
-}
-
+// cp.async through the emulator's own (tests/cuda_on_cpu.h, emu::cp_async): a copy lands when its thread waits on
+// its group, as the device only promises; until then its destination reads as NaN (0xff bytes in every float
+// type), so a read before the wait (or before the barrier after it, for another thread's copies) gives a wrong
+// output.
 inline void emu_copy_issue(void* dst, const void* src, const bool valid) {
-    emu_same_block();
-    std::memset(dst, 0xff, 16);
-    emu_pending[threadIdx.x].push_back({dst, src, valid});
+    emu::cp_async(dst, valid ? src : nullptr, 16);
 }
-
-inline void cp_async16(void* dst, const void* src) { emu_copy_issue(dst, src, true); }
-inline void cp_async_commit() {
-    emu_same_block();
-    emu_group_ends[threadIdx.x].push_back(emu_pending[threadIdx.x].size());
-}
-template <int PENDING> inline void cp_async_wait() {  // every committed group lands but the PENDING latest
-    emu_same_block();
-    auto& q = emu_pending[threadIdx.x];
-    auto& ends = emu_group_ends[threadIdx.x];
-    if (static_cast<int>(ends.size()) <= PENDING) return;
-    const size_t done = ends[ends.size() - PENDING - 1];
-    for (size_t i = 0; i < done; ++i) {
-        if (q[i].valid) std::memcpy(q[i].dst, q[i].src, 16);
-        else std::memset(q[i].dst, 0, 16);
-    }
-    q.erase(q.begin(), q.begin() + static_cast<long>(done));
-    ends.erase(ends.begin(), ends.end() - PENDING);
-    for (auto& e : ends) e -= done;
-}
+inline void cp_async16(void* dst, const void* src) { emu::cp_async(dst, src, 16); }
+inline void cp_async_commit() { emu::cp_async_commit(); }
+template <int PENDING> inline void cp_async_wait() { emu::cp_async_wait(PENDING); }
 """
 
 

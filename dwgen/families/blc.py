@@ -22,7 +22,7 @@ AXES: dict[str, tuple] = {
     "stream": (False, True),
     # steps a thread fetches ahead: 1, the next step's inputs in registers; 2 or 4, a ring in shared memory filled
     # by cp.async (a 16-step 16-bit design 3-14% faster with 4, thirty-fourth and forty-seventh sessions; against
-    # the best design without one: 0-13% ahead at 16-bit K10-16, within 3% at K8-9, behind at K <= 7)
+    # the best design without one: 2-13% ahead at 16-bit K10, K12-16, within 3% at K8-9 and K11, behind at K <= 7)
     "ring": (1, 2, 4),
 }
 
