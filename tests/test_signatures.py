@@ -46,3 +46,16 @@ def test_each_frozen_stand_in_can_lend_its_kernel():
     assert stand_ins, "no stand-in of benchmarks/signatures.txt is frozen in generated/"
     for p in stand_ins:
         assert kernels[frozen[p.key]]["sizes_at_run_time"], f"{p.key} froze {frozen[p.key]}, which is not lent"
+
+
+def test_the_blc_retune_list_is_every_tuned_blc_forward():
+    """scripts/blc-fwd-tuned.txt, what a change to dw1d_cl.cu.j2 re-tunes, copies the (B, L, C) lines of the suite
+    and of the stand-ins: it must list exactly those, and cover every (B, L, C) forward frozen in generated/."""
+    import json
+
+    listed = {p.key for p in read_suite(ROOT / "scripts" / "blc-fwd-tuned.txt")}
+    sources = read_suite(ROOT / "benchmarks" / "suite.txt") + read_suite(ROOT / "benchmarks" / "signatures.txt")
+    assert listed == {p.key for p in sources if p.layout == "blc"}
+    manifest = json.loads((ROOT / "generated" / "manifest.json").read_text())
+    frozen = {e["key"] for e in manifest["entries"] if e["direction"] == "fwd" and e["problem"]["layout"] == "blc"}
+    assert frozen <= listed, sorted(frozen - listed)
