@@ -178,9 +178,15 @@ EDITS = {
 }
 
 
-def edited(source: str, edit: str) -> str | None:
+def edited(source: str, edit: str, name: str = "") -> str | None:
     """The source with every substitution of the edit made (edits joined by + are made in turn; `same` only
-    appends a comment: the control, A built again, which should read 1.000), or None where one finds nothing."""
+    appends a comment: the control, A built again, which should read 1.000), or None where one finds nothing.
+    `from:DIR` is not an edit of A but another rendering of variant `name`, DIR/<name>.cu (made from another
+    checkout of the templates by scripts/render-variants.py: a template change before and after, in one
+    process), or None where DIR lacks it."""
+    if edit.startswith("from:"):
+        path = Path(edit[len("from:"):]) / f"{name}.cu"
+        return path.read_text() if path.is_file() else None
     for name in edit.split("+"):
         if name == "same":
             source += "\n// probe-ab: the same kernel, built again\n"
@@ -207,6 +213,10 @@ def build_jobs(sides: list, arch: str) -> list[tuple[str, str, str]]:
 
 
 def edit_name(text: str) -> str:
+    if text.startswith("from:"):
+        if not Path(text[len("from:"):]).is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: no such folder of renderings")
+        return text
     unknown = [name for name in text.split("+") if name != "same" and name not in EDITS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown edit {unknown[0]!r}: use same or {', '.join(sorted(EDITS))}, "
@@ -256,7 +266,8 @@ def spread(samples: list[float]) -> tuple[float, float, float]:
 def main(argv: list[str]) -> int:
     ap = probecli.parser("scripts/probe-ab.py", __doc__)
     ap.add_argument("--edit", action="append", type=edit_name, default=[],
-                    help=f"same (the control) or one of {', '.join(sorted(EDITS))}; a+b makes both; none: the "
+                    help=f"same (the control), from:DIR (DIR/NAME.cu, another rendering) or one of "
+                         f"{', '.join(sorted(EDITS))}; a+b makes both; none: the "
                          "named variants alone, side by side (designs against each other, half the builds)")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",
@@ -276,7 +287,7 @@ def main(argv: list[str]) -> int:
         base = render.render_variant(v)
         sides.append((v, "A", base))
         for e in a.edit:
-            src = edited(base, e)
+            src = edited(base, e, v.name)
             if src is None:
                 print(f"{v.name}: edit {e} finds nothing to change; skipped")
             else:

@@ -82,6 +82,18 @@ def test_channel_forward_edits_find_their_text_and_replace_the_register_prefetch
     assert ring.count("cp.async.wait_group") == 1 and ring.count("// The launch contract") == 1
 
 
+def test_from_dir_takes_another_rendering_of_the_variant_not_an_edit(tmp_path):
+    # B as the same variant rendered from another checkout of the templates (before and after a template change).
+    (tmp_path / "dw1d_x.cu").write_text("// the earlier rendering\n")
+    assert probe_ab.edited("// now\n", f"from:{tmp_path}", "dw1d_x") == "// the earlier rendering\n"
+    assert probe_ab.edited("// now\n", f"from:{tmp_path}", "dw1d_y") is None  # not rendered there: skipped
+    assert probe_ab.edit_name(f"from:{tmp_path}") == f"from:{tmp_path}"
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="no such folder"):
+        probe_ab.edit_name(f"from:{tmp_path / 'missing'}")
+
+
 def test_each_side_builds_from_its_own_source_in_its_own_folder():
     # Until the thirty-fourth session every side of a variant shared one build folder (the key kept only the
     # variant's digest), so A and its edits ran one library.
@@ -92,3 +104,18 @@ def test_each_side_builds_from_its_own_source_in_its_own_folder():
     keys = [key for _, _, key in probe_ab.build_jobs(sides, "sm_90")]
     assert len(set(keys)) == len(keys), keys
     assert probe_ab.build_jobs(sides[:1], "sm_90") == probe_ab.build_jobs(sides, "sm_90")[:1]  # A's key is stable
+
+
+def test_render_variants_writes_what_probe_ab_reads_from_a_folder(tmp_path):
+    import subprocess
+
+    ab = tmp_path / "ab.txt"
+    ab.write_text("# a comment\n--shape 8x1024x4000 -k 9 --padding 4 --dtype fp16 --layout blc --edit from:x "
+                  "dw1d_f16_k9_cl_t128_v4_o4_w16_c32 dw1d_f16_k9_cl_t128_v64_o4_w16_c32\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "render-variants.py"), str(ab), str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "v64" in proc.stdout and "not rendered" in proc.stdout  # a design past the axes: reported, left out
+    p = Problem(8, 1024, 4000, 9, 1, 4, 1, "fp16", False, "blc")
+    assert (tmp_path / "r" / "dw1d_f16_k9_cl_t128_v4_o4_w16_c32.cu").read_text() == rendered(
+        "dw1d_f16_k9_cl_t128_v4_o4_w16_c32", p, "fwd")
