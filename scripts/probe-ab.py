@@ -178,20 +178,22 @@ EDITS = {
 }
 
 
-def edited(source: str, edit: str, name: str = "") -> str | None:
+def edited(source: str, edit: str, name: str | None = None) -> str | None:
     """The source with every substitution of the edit made (edits joined by + are made in turn; `same` only
     appends a comment: the control, A built again, which should read 1.000), or None where one finds nothing.
     `from:DIR` is not an edit of A but another rendering of variant `name`, DIR/<name>.cu (made from another
     checkout of the templates by scripts/render-variants.py: a template change before and after, in one
     process), or None where DIR lacks it."""
     if edit.startswith("from:"):
+        if name is None:
+            raise ValueError("from:DIR needs the variant's name")
         path = Path(edit[len("from:"):]) / f"{name}.cu"
         return path.read_text() if path.is_file() else None
-    for name in edit.split("+"):
-        if name == "same":
+    for part in edit.split("+"):
+        if part == "same":
             source += "\n// probe-ab: the same kernel, built again\n"
             continue
-        for old, new in EDITS[name][1]:
+        for old, new in EDITS[part][1]:
             if isinstance(old, re.Pattern):
                 source, count = old.subn(new, source)
                 if not count:
@@ -289,7 +291,8 @@ def main(argv: list[str]) -> int:
         for e in a.edit:
             src = edited(base, e, v.name)
             if src is None:
-                print(f"{v.name}: edit {e} finds nothing to change; skipped")
+                why = f"{e[len('from:'):]} has no {v.name}.cu" if e.startswith("from:") else "finds nothing to change"
+                print(f"{v.name}: edit {e}: {why}; skipped")
             else:
                 sides.append((v, e, src))
     builds = build.compile_many(build_jobs(sides, arch), ROOT / "runs" / "build", arch=arch)

@@ -87,6 +87,8 @@ def test_from_dir_takes_another_rendering_of_the_variant_not_an_edit(tmp_path):
     (tmp_path / "dw1d_x.cu").write_text("// the earlier rendering\n")
     assert probe_ab.edited("// now\n", f"from:{tmp_path}", "dw1d_x") == "// the earlier rendering\n"
     assert probe_ab.edited("// now\n", f"from:{tmp_path}", "dw1d_y") is None  # not rendered there: skipped
+    with pytest.raises(ValueError, match="needs the variant's name"):  # never a quiet skip of every side
+        probe_ab.edited("// now\n", f"from:{tmp_path}")
     assert probe_ab.edit_name(f"from:{tmp_path}") == f"from:{tmp_path}"
     import argparse
 
@@ -106,16 +108,30 @@ def test_each_side_builds_from_its_own_source_in_its_own_folder():
     assert probe_ab.build_jobs(sides[:1], "sm_90") == probe_ab.build_jobs(sides, "sm_90")[:1]  # A's key is stable
 
 
-def test_render_variants_writes_what_probe_ab_reads_from_a_folder(tmp_path):
+def test_render_variants_renders_with_the_other_checkouts_templates(tmp_path):
+    import shutil
     import subprocess
 
+    other = tmp_path / "other"  # a checkout whose channel template carries a marker
+    shutil.copytree(ROOT / "dwgen", other / "dwgen", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "templates", other / "templates")
+    cl = other / "templates" / "dw1d_cl.cu.j2"
+    cl.write_text(cl.read_text() + "\n// the other checkout\n")
     ab = tmp_path / "ab.txt"
-    ab.write_text("# a comment\n--shape 8x1024x4000 -k 9 --padding 4 --dtype fp16 --layout blc --edit from:x "
-                  "dw1d_f16_k9_cl_t128_v4_o4_w16_c32 dw1d_f16_k9_cl_t128_v64_o4_w16_c32\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "render-variants.py"), str(ab), str(tmp_path / "r")],
+    ab.write_text("# a comment\n--shape 8x1024x4000 -k 9 --padding 4 --dtype fp16 --layout blc --rounds 5 "
+                  "--edit from:x dw1d_f16_k9_cl_t128_v4_o4_w16_c32 dw1d_f16_k9_cl_t128_v64_o4_w16_c32\n")
+    script = str(ROOT / "scripts" / "render-variants.py")
+    proc = subprocess.run([sys.executable, script, "--root", str(other), str(ab), str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "v64" in proc.stdout and "not rendered" in proc.stdout  # a design past the axes: reported, left out
+    assert proc.returncode == 1, proc.stderr  # the v64 design is past the axes: reported, left out
+    assert "v64" in proc.stdout and "not rendered" in proc.stdout
+    out = (tmp_path / "r" / "dw1d_f16_k9_cl_t128_v4_o4_w16_c32.cu").read_text()
+    assert out.endswith("// the other checkout\n")
     p = Problem(8, 1024, 4000, 9, 1, 4, 1, "fp16", False, "blc")
-    assert (tmp_path / "r" / "dw1d_f16_k9_cl_t128_v4_o4_w16_c32.cu").read_text() == rendered(
-        "dw1d_f16_k9_cl_t128_v4_o4_w16_c32", p, "fwd")
+    assert out != rendered("dw1d_f16_k9_cl_t128_v4_o4_w16_c32", p, "fwd")  # not this checkout's rendering
+
+    ab.write_text("--shape 8x1024 -k 9 --dtype fp16 dw1d_f16_k9_cl_t128_v4_o4_w16_c32\n")
+    proc = subprocess.run([sys.executable, script, str(ab), str(tmp_path / "r")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"render-variants: {ab}:1: ") and len(proc.stderr.strip().splitlines()) == 1
