@@ -40,6 +40,8 @@ def main(argv: list[str]) -> int:
         def error(self, message: str):  # reported with the line's place, not by printing the usage
             raise ProblemError(message)
 
+    # The A/B line's options as probe-ab takes them (scripts/probecli.parser), spelled here because probecli imports
+    # this checkout's dwgen at import time, and the renderings must come from the other checkout's.
     line_parser = LineParser(add_help=False)
     add_problem_arguments(line_parser)
     line_parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
