@@ -84,6 +84,13 @@ class Family:
         (scope_admits); None never serves as a fast generic kernel."""
         return getattr(self.module, "GENERIC_SCOPE", None)
 
+    def twins(self, config) -> list:
+        """Designs a seeded re-tune asks right after a frozen one of this family (a module says so with `twins`):
+        the same design on the other side of an axis where neither side wins everywhere, so a re-tune of a few
+        trials times both instead of re-timing the frozen design alone (one trial each time, also once the axis is
+        old)."""
+        return list(getattr(self.module, "twins", lambda _: [])(config))
+
 
 # Each (direction, layout) has one or more families; the first is its primary one: the generic fast path
 # and a tune's plain parameter names are its. The others join a tune where they apply, their parameters

@@ -16,7 +16,7 @@ from dwgen import freeze as frz
 from dwgen import render
 from dwgen.problem import Problem
 from dwgen.progress import Progress
-from dwgen.space import Variant, direction_key, make_config, violations
+from dwgen.space import Variant, direction_key, family_of_config, make_config, violations
 from dwgen.worker import RUN_TIMEOUT_S
 from search import loop
 from search import study as st
@@ -103,6 +103,12 @@ SIBLING_SEEDS = 2
 # finalists 1% apart trade places between runs (the Mamba backward's 0.1372-0.1384 ms, the twelfth session),
 # and each trade churns generated/ and what users run for nothing measurable.
 KEEP_FROZEN_WITHIN = 0.01
+
+
+def seed_twins(problem: Problem, config, direction: str = "fwd") -> list:
+    """The frozen design's twins (Family.twins) that are valid here: asked right after it, one trial each."""
+    return [c for c in family_of_config(problem, config, direction).twins(config)
+            if not violations(problem, c, direction)]
 
 
 def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd", besides: Sequence = ()) -> list:
@@ -297,12 +303,13 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     winners: list[frz.Winner] = []
     for p in problems:
         previous = previous_config(p, seeds_from or out_dir, direction)
-        own = [previous] if previous else []
+        own = [previous] + seed_twins(p, previous, direction) if previous else []
         siblings = sibling_configs(p, seeds_from or out_dir, direction, besides=own)
         seeds = (*own, *siblings)
-        if siblings:
+        if len(seeds) > 1:
             log(f"{direction_key(p, direction)}: asks first "
-                + ", ".join(Variant(p, c, direction).name for c in seeds) + " (frozen here and for nearby problems)")
+                + ", ".join(Variant(p, c, direction).name for c in seeds)
+                + " (frozen here, its twins across its family's newer axes, and designs frozen for nearby problems)")
         plan = Plan(p, storage, trials, sampler, seed, str(runs_dir), timeout_s, jobs, compile_timeout_s,
                     run_timeout_s, direction) if gpus else None
         w = tune_problem(p, trials=trials, timeout_s=timeout_s, sampler=sampler, seed=seed, storage=opened,

@@ -5,6 +5,7 @@ portable SiLU spelling (the device one differs only in ex2's flush of results be
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,9 @@ CASES = [
      Config(threads=64, vec=2, outs=8, steps=4, cthreads=16, ring=4)),
     (blc(1, 32, 300, 15, 1, 7, 1, "fp16"), Config(threads=128, vec=2, outs=4, steps=16, cthreads=32, ring=2)),
 ]
+# every case again with the window slid by renaming registers: the step loop unrolled over the slots' period
+# (fp16 K15 at 4 outputs a step: 20 slots, 5 steps, a ragged last round), and the walk without tests inside a row
+CASES += [(p, replace(c, rename=True)) for p, c in CASES]
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +118,7 @@ PAST_THE_HALO = [
     (blc(1, 24, 500, 9, 1, 12, 1, "fp16", padding_right=12), Config(threads=128, vec=4, outs=4, steps=16, cthreads=32,
                                                                     ring=4)),
 ]
+PAST_THE_HALO += [(p, replace(c, rename=True)) for p, c in PAST_THE_HALO]
 
 
 @pytest.fixture(scope="module")

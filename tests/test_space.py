@@ -200,11 +200,26 @@ def test_a_measured_generic_design_may_be_of_another_family_of_its_layout():
     assert vs["bf16_bcl_k15"].family.name == "dw1d"  # another dtype keeps its own
 
 
-def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream, ring) -> bool:
+def window_slots(window: int, advance: int, steps: int, vec: int, rename: bool) -> int:
+    """Registers a renamed window takes: WIN, or the fewest more (16 registers at most, a whole number of steps
+    at most) whose names come round within 8 steps, where WIN's would take longer and the walk is longer. This
+    restates blc.Tiling.slots's policy (only the period is worked out another way); what checks the policy itself
+    is test_blc_window_slots_repeat_within_the_unrolled_steps's invariant and the template's static_assert."""
+    def repeats(slots):  # steps until input m + steps * advance lands in input m's slot again
+        return next(n for n in range(1, slots + 1) if n * advance % slots == 0)
+
+    if not rename or min(repeats(window), steps) <= 8:
+        return window
+    whole = -(-window // advance) * advance
+    return next((s for s in range(window + 1, whole + 1) if repeats(s) <= 8 and (s - window) * vec <= 16), window)
+
+
+def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream, ring, rename) -> bool:
     """The (B, L, C) family's restrictions restated from first principles."""
     window = (outs - 1) * p.stride + (p.kernel_size - 1) * p.dilation + 1
     fresh = min(window, outs * p.stride)  # inputs a step fetches for the next one: raw in registers, or a ring
-    registers = (window + p.kernel_size + 2) * vec + fresh * vec * p.elem_bytes // 4  # a ring frees none (ptxas)
+    slots = window_slots(window, outs * p.stride, steps, vec, rename)
+    registers = (slots + p.kernel_size + 2) * vec + fresh * vec * p.elem_bytes // 4  # a ring frees none (ptxas)
     ring_ok = ring == 1 or (vec * p.elem_bytes >= 4 and ring <= steps and not stream
                             and ring * fresh * threads * vec * p.elem_bytes <= 48 * 1024)
     return (vec * p.elem_bytes <= 16 and cthreads <= threads and registers <= 128
@@ -215,7 +230,10 @@ def brute_force_blc_ok(p: Problem, threads, vec, outs, steps, cthreads, stream, 
 
 @pytest.mark.parametrize("p", [Problem(8, 4096, 2048, 4, 1, 3, dtype="bf16", layout="blc"),
                                Problem(2, 24, 100, 9, 2, 4, 2, layout="blc"),
-                               Problem(1, 768, 30, 3, 1, 1, dtype="fp16", layout="blc")], ids=lambda p: p.key)
+                               Problem(1, 768, 30, 3, 1, 1, dtype="fp16", layout="blc"),
+                               # renamed designs that the extra slots alone push past the register filter
+                               Problem(2, 512, 2000, 14, padding=7, dtype="fp16", layout="blc")],
+                         ids=lambda p: p.key)
 def test_blc_enumeration_matches_brute_force(p):
     expect = {combo for combo in itertools.product(*blc.AXES.values()) if brute_force_blc_ok(p, *combo)}
     channel = [v for v in enumerate_space(p) if isinstance(v.config, blc.Config)]  # other families' apart
@@ -551,3 +569,21 @@ def test_the_gpu_variant_sample_reaches_every_family():
     for p in PROBLEMS:
         vs = sample(p)
         assert {v.family.name for v in vs} == {f.name for f in families_of(p)}, p.key
+
+
+@pytest.mark.parametrize("k, outs, steps, vec, slots, unroll", [
+    (15, 4, 16, 2, 20, 5),  # 18 slots would repeat after 9 steps: two more repeat after 5
+    (13, 4, 16, 2, 16, 4),
+    (8, 4, 16, 4, 12, 3),
+    (7, 8, 4, 4, 14, 4),  # a 4-step walk is unrolled whole: no slot beyond the window
+    (31, 1, 16, 8, 31, 16),  # 31 steps to repeat, 16 more slots too many: the whole walk unrolled
+])
+def test_blc_window_slots_repeat_within_the_unrolled_steps(k, outs, steps, vec, slots, unroll):
+    from dwgen.families.blc import Config, Tiling
+
+    t = Tiling(Problem(2, 64, 500, k, padding=k // 2, dtype="fp16", layout="blc"),
+               Config(threads=128, vec=vec, outs=outs, steps=steps, cthreads=32, rename=True))
+    assert (t.slots, t.unroll) == (slots, unroll)
+    assert t.slots >= t.window and (t.unroll == steps or t.unroll * t.advance % t.slots == 0)
+    moved = Tiling(t.problem, replace(t.config, rename=False))  # the window slid by moves: no extra slots
+    assert (moved.slots, moved.unroll) == (moved.window, 1)

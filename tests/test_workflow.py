@@ -148,3 +148,40 @@ def test_trials_is_what_the_study_holds_the_same_command_measures_what_is_left(t
     assert st.measured_as_rendered(study, PROBLEM) == 9 and len(st.measured(study, PROBLEM)) == 10
     rc, _ = tune(tmp_path, trials=10)
     assert rc == 0 and len(FakeBwdWorker.made[-1].evaluated) == 1
+
+
+def test_a_frozen_channel_design_is_asked_beside_its_twin_across_the_rename_axis():
+    from dataclasses import replace
+
+    from dwgen.families import bcl, blc
+
+    p = Problem(8, 1024, 4000, 9, padding=4, dtype="fp16", layout="blc")
+    c = blc.Config(threads=128, vec=4, outs=4, steps=16, cthreads=32)
+    assert workflow.seed_twins(p, c) == [replace(c, rename=True)]
+    assert workflow.seed_twins(p, replace(c, rename=True)) == [c]
+    assert workflow.seed_twins(PROBLEM, bcl.Config()) == []  # a family without twins
+    wide = blc.Config(threads=128, vec=8, outs=8, steps=16, cthreads=16)  # K31: its window fits neither way
+    assert workflow.seed_twins(Problem(2, 256, 4000, 31, padding=15, dtype="bf16", layout="blc"), wide) == []
+
+
+def test_a_seeded_forward_tune_asks_the_frozen_design_then_its_twin(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from dwgen.families import blc
+    from dwgen.result import Result
+    from dwgen.space import Variant
+
+    p = Problem(8, 1024, 4000, 9, padding=4, dtype="fp16", layout="blc")
+    v = Variant(p, blc.Config(threads=128, vec=4, outs=4, steps=16, cthreads=32))
+    out = tmp_path / "generated"
+    r = Result(v.name, v.digest, "ok", kernel_ms=1.0, copy_ms=1.0, torch_ms=6.0)
+    freeze.freeze([freeze.Winner(v, r, FakeBwdWorker(p).machine())], out, log=lambda s: None)
+    asked, logged = [], []
+    monkeypatch.setattr(workflow, "gpu_arch", lambda: "sm_90")
+    monkeypatch.setattr(workflow, "gpu_builder", lambda runs_dir, jobs, timeout_s=None: FakeBuilder())
+    monkeypatch.setattr(workflow, "tune_problem", lambda problem, **kw: asked.append(kw["seeds"]))
+    workflow.tune([p], trials=2, timeout_s=None, sampler="tpe", seed=0, storage=None, runs_dir=tmp_path / "runs",
+                  out_dir=out, freeze=False, jobs=1, log=logged.append, quiet=True)
+    (seeds,) = asked
+    assert seeds[:2] == (v.config, replace(v.config, rename=True))
+    assert any(f"{v.name}_rn" in line for line in logged)  # said before the search starts

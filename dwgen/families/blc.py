@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from math import gcd
 
 from dwgen.dtypes import DTYPES
 from dwgen.families import AxisConfig
@@ -24,6 +25,10 @@ AXES: dict[str, tuple] = {
     # by cp.async (a 16-step 16-bit design 3-14% faster with 4, thirty-fourth and forty-seventh sessions; against
     # the best design without one: 2-13% ahead at 16-bit K10, K12-16, within 3% at K8-9 and K11, behind at K <= 7)
     "ring": (1, 2, 4),
+    # how the window slides a step: False, its overlap moved down the registers; True, the registers renamed (the
+    # step loop unrolled over the slots' period) and a walk without tests for threads inside their row: 4-7% off
+    # 16-bit K9-15 designs, 4% slower on fp32 K9 `o8_w4` (H100, forty-eighth session), so the search decides
+    "rename": (False, True),
 }
 
 RING_SHARED_BYTES = 48 * 1024  # a block's static shared memory
@@ -40,6 +45,7 @@ class Config(AxisConfig):
     cthreads: int = 32
     stream: bool = False
     ring: int = 1
+    rename: bool = False
 
     AXES = AXES
 
@@ -73,18 +79,58 @@ class Tiling:
         return max(0, self.window - self.config.outs * self.problem.stride)
 
     @property
+    def new_inputs(self) -> int:
+        """Inputs each step adds to the window: the next step's loads, raw in registers or in a ring's slots."""
+        return self.window - self.keep
+
+    @property
+    def advance(self) -> int:
+        """Inputs along the length the window moves on a step."""
+        return self.config.outs * self.problem.stride
+
+    def _period(self, slots: int) -> int:
+        """Steps after which input m's slot, m % slots, comes round to the same name."""
+        return slots // gcd(slots, self.advance)
+
+    @property
+    def slots(self) -> int:
+        """Register slots of the window: WIN where it slides by moves. Renamed, the step loop is unrolled until the slots' names repeat, so the window
+        slides without moves; where WIN slots would take more than 8 steps to repeat, a few more slots (at most
+        16 registers) that repeat within 8 are taken instead (fp16 K15, 4 outputs a step: 20 slots, 5 steps)."""
+        win, steps = self.window, self.config.steps
+        if not self.config.rename or min(self._period(win), steps) <= 8:
+            return win
+        whole = -(-win // self.advance) * self.advance  # a whole number of steps: repeats every whole/advance
+        for slots in range(win + 1, whole + 1):
+            if self._period(slots) <= 8 and (slots - win) * self.config.vec <= 16:
+                return slots
+        return win
+
+    @property
+    def unroll(self) -> int:
+        """Steps the step loop is unrolled over: the slots' period, or the whole walk where that is shorter (1
+        where the window slides by moves)."""
+        if not self.config.rename:
+            return 1
+        return min(self._period(self.slots), self.config.steps)
+
+    @property
     def register_floats(self) -> int:
-        """Window, weights, bias, one accumulator vector and the next step's raw inputs, in 4-byte registers. A
-        ring holds the raw inputs in shared memory, but ptxas (sm_90) gave ring variants no fewer registers (bf16
-        K9 `t128_v4_o4_w16_c32`: 122 with and without), so they are counted with or without one."""
+        """Window slots, weights, bias, one accumulator vector and the next step's raw inputs, in 4-byte
+        registers: a filter against designs that cannot fit, not ptxas's count. The renamed walk's second inlined
+        copy (the tested one, for threads at a row's ends) is not in it: ptxas gives renamed designs 16-35 registers
+        more than their moved twins (fp16 K15 `o4_w16_r4` 96 -> 122, bf16 K10 132 -> 154), and a few spill (bf16 K6
+        `t128_v4_o2_w4_c32_rn` 16 bytes without SiLU, chosen by measurement all the same). A ring holds the raw
+        inputs in shared memory, but ptxas (sm_90) gave ring variants no fewer registers (bf16 K9
+        `t128_v4_o4_w16_c32`: 122 with and without), so they are counted with or without one."""
         c, p = self.config, self.problem
-        return (self.window + p.kernel_size + 2) * c.vec + (self.window - self.keep) * c.vec * p.elem_bytes // 4
+        return (self.slots + p.kernel_size + 2) * c.vec + self.new_inputs * c.vec * p.elem_bytes // 4
 
     @property
     def ring_bytes(self) -> int:
         """The ring's shared memory: RING slots of each thread's new inputs a step."""
         c = self.config
-        return c.ring * (self.window - self.keep) * c.threads * c.vec * self.problem.elem_bytes if c.ring > 1 else 0
+        return c.ring * self.new_inputs * c.threads * c.vec * self.problem.elem_bytes if c.ring > 1 else 0
 
 
 def vector_within_16_bytes(p: Problem, c: Config) -> bool:
@@ -146,22 +192,32 @@ RESTRICTIONS: tuple[Callable[[Problem, Config], bool], ...] = (
 )
 
 
+def twins(c: Config) -> list[Config]:
+    """The design with its window slid the other way (Family.twins): renaming wins on long windows and loses
+    a little on one-step walks, so a re-tune seeded with either asks the other too."""
+    return [replace(c, rename=not c.rename)]
+
+
 def name_tokens(c: Config) -> list[str]:
     parts = ["cl", f"t{c.threads}", f"v{c.vec}", f"o{c.outs}", f"w{c.steps}", f"c{c.cthreads}"]
     if c.stream:
         parts.append("cs")
     if c.ring > 1:
         parts.append(f"r{c.ring}")
+    if c.rename:
+        parts.append("rn")
     return parts
 
 
 def config_from_tokens(tokens: list[str], name: str) -> Config:
     if tokens[:1] != ["cl"]:
         raise ValueError(f"{name}: a (B, L, C) variant's tokens start with cl")
-    fields: dict = {"stream": False}
+    fields: dict = {"stream": False, "rename": False}
     for tok in tokens[1:]:
         if tok == "cs":
             fields["stream"] = True
+        elif tok == "rn":
+            fields["rename"] = True
         elif tok[:1] in "tvowcr" and tok[1:].isdigit():
             fields[{"t": "threads", "v": "vec", "o": "outs", "w": "steps", "c": "cthreads",
                     "r": "ring"}[tok[0]]] = int(tok[1:])
@@ -175,9 +231,9 @@ def render_context(p: Problem, c: Config) -> dict:
     return {
         "threads": c.threads, "vec": c.vec, "outs": c.outs, "cthreads": c.cthreads, "lthreads": t.lthreads,
         "steps": c.steps, "tile_channels": t.tile_channels, "tile_length": t.tile_length, "window": t.window,
-        "keep": t.keep,
+        "keep": t.keep, "slots": t.slots, "unroll": t.unroll,
         "kernel_size": p.kernel_size, "stride": p.stride, "dilation": p.dilation, "stream": c.stream,
-        "ring": c.ring, "top_half": DTYPES[p.dtype].top_half,
+        "ring": c.ring, "rename": c.rename, "top_half": DTYPES[p.dtype].top_half,
     }
 
 

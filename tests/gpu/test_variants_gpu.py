@@ -54,12 +54,14 @@ def sample(p: Problem, n: int = 10, per_family: int = 3):
             v = next((v for v in widest_first if has(v) and v not in picked), None)
             if v is not None:
                 picked.append(v)
-    else:  # the widest design, then each ring depth (cp.async order: the CPU emulation copies at once)
+    else:  # the widest design, then each ring depth (its cp.async order on the device itself), each renamed too
         picked.append(widest_first[0])
         for ring in (2, 4):
-            v = next((v for v in widest_first if v.config.ring == ring and v not in picked), None)
-            if v is not None:
-                picked.append(v)
+            for rename in (False, True):
+                v = next((v for v in widest_first if (v.config.ring, v.config.rename) == (ring, rename)
+                          and v not in picked), None)
+                if v is not None:
+                    picked.append(v)
     for family in others:
         theirs = [v for v in vs if v.family == family]
         picked += rng.sample(theirs, min(per_family, len(theirs)))
