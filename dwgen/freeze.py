@@ -129,6 +129,12 @@ def entry_variant(e: dict) -> Variant:
     return Variant(p, make_config(p, e["config"], direction), direction)
 
 
+def _retired(e: dict) -> dict:
+    """What a stale entry leaves in the manifest: its design, for a later re-tune to ask first (its numbers
+    described code the templates no longer build, so they go with it). Nothing dispatches a retired design."""
+    return {f: e[f] for f in ("key", "problem", "kernel", "config")} | {"direction": entry_direction(e)}
+
+
 def _entry_slot(e: dict) -> tuple[str, int]:
     """Where an entry sorts and what it replaces: its problem's key, then the forward before the backward."""
     return e["key"], DIRECTIONS.index(entry_direction(e))
@@ -181,11 +187,14 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         log(f"dropping {len(old.get('entries', []))} entries of manifest schema {old.get('schema')}; re-tune them")
         old = {}
     chosen = _generic_choices(old, generic)
+    retired = {_entry_slot(r): r for r in old.get("retired", [])}
     for e in old.get("entries", []):
         if entry_variant(e).digest == e["digest"]:
             entries[_entry_slot(e)] = {**e, "direction": entry_direction(e)}
         else:
-            log(f"dropping stale entry {_entry_label(e)} ({e['kernel']}): the templates changed under it; re-tune it")
+            log(f"dropping stale entry {_entry_label(e)} ({e['kernel']}): the templates changed under it; re-tune it "
+                "(a re-tune asks its design first)")
+            retired[_entry_slot(e)] = _retired(e)
     for w in winners:
         e = _entry(w)
         entries[_entry_slot(e)] = e
@@ -221,6 +230,7 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
         },
         "launcher": launch_file,
         "launcher_sha256": sha256_text(launcher),
+        "retired": [retired[k] for k in sorted(retired) if k not in entries],
     }
     for rel, text in sources.items():
         path = out_dir / rel

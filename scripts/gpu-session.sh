@@ -24,8 +24,8 @@
 #   SUITE_TRIALS=N and BWD_TRIALS=N set the trials a problem of suite and suitebwd (BWD_TRIALS defaults to
 #   SUITE_TRIALS); SEEDS=snapshot copies generated/ before the first step and has both tunes ask its winners
 #   first (tune.py --seeds-from): a re-tune of both directions after a template change; SEEDS=<dir> seeds
-#   from a copy of generated/ made before (carried): when the two directions' re-tunes take separate calls, the
-#   first freeze drops the other direction's stale entries, and a snapshot taken later would miss their designs
+#   from a copy of generated/ made before (carried). A freeze drops stale entries but keeps their designs under
+#   the manifest's "retired" (since the forty-ninth session), so a snapshot taken after one still seeds them
 #   build   the first build of generated/, timed, in a fresh folder; scripts/build-times.py then says where the time went
 #   tcself  scripts/tc_selftest.py: the tensor-core forward against float64 on edge problems, then timed
 #   host    scripts/probe-host.py: µs of CPU per call, dwgen beside F.conv1d (1x768x512)

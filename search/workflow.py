@@ -61,15 +61,18 @@ def make_builder(cache_dir: Path, arch: str, jobs: int | None, timeout_s: float 
     return build
 
 
-def _frozen_entries(out_dir: Path) -> list[dict]:
-    """generated/'s manifest entries, current or not (none from a manifest of another schema)."""
+def _frozen_entries(out_dir: Path, retired: bool = False) -> list[dict]:
+    """generated/'s manifest entries, current or not (none from a manifest of another schema); with `retired`,
+    then the designs of entries a freeze dropped as stale (frz.freeze keeps those under "retired")."""
     m = frz.read_manifest(out_dir)
-    return m.get("entries", []) if m.get("schema") == frz.SCHEMA else []
+    if m.get("schema") != frz.SCHEMA:
+        return []
+    return m.get("entries", []) + (m.get("retired", []) if retired else [])
 
 
-def _frozen_entry(problem: Problem, out_dir: Path, direction: str = "fwd") -> dict | None:
-    """generated/'s manifest entry for this problem in a direction, current or not."""
-    return next((e for e in _frozen_entries(out_dir)
+def _frozen_entry(problem: Problem, out_dir: Path, direction: str = "fwd", retired: bool = False) -> dict | None:
+    """generated/'s manifest entry for this problem in a direction, current or not (or retired, if asked)."""
+    return next((e for e in _frozen_entries(out_dir, retired)
                  if e["key"] == problem.key and frz.entry_direction(e) == direction), None)
 
 
@@ -90,9 +93,10 @@ def _config_for(problem: Problem, e: dict, direction: str):
 
 
 def previous_config(problem: Problem, out_dir: Path, direction: str = "fwd"):
-    """The config generated/ last froze for this problem, even when the templates have changed since: a
-    re-tune tries it first, so a larger space or an unlucky search does not lose a design that won before."""
-    e = _frozen_entry(problem, out_dir, direction)
+    """The config generated/ last froze for this problem, even when the templates have changed since (and a
+    freeze has dropped the entry as stale since): a re-tune tries it first, so a larger space or an unlucky
+    search does not lose a design that won before."""
+    e = _frozen_entry(problem, out_dir, direction, retired=True)
     return None if e is None else _config_for(problem, e, direction)
 
 
@@ -116,7 +120,7 @@ def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd", bes
     this one and not among `besides`, nearest first (the same kernel size, then the same activation), at most
     SIBLING_SEEDS."""
     near: list[tuple[tuple, object]] = []
-    for e in _frozen_entries(out_dir):
+    for e in _frozen_entries(out_dir, retired=True):
         q = e.get("problem", {})
         if (e["key"] == problem.key or frz.entry_direction(e) != direction or q.get("dtype") != problem.dtype
                 or q.get("layout") != problem.layout):

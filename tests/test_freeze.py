@@ -114,6 +114,26 @@ def test_stale_entry_detected_when_template_changes(tmp_path, monkeypatch):
     assert dropped and "re-tune" in dropped[0]
 
 
+def test_a_dropped_entry_leaves_its_design_for_the_next_re_tune_and_no_numbers(tmp_path, monkeypatch):
+    from dwgen import space
+    from search import workflow
+
+    p, c = Problem(32, 512, 8192), Config(threads=64, outs=4)
+    freeze.freeze([winner(p, c)], tmp_path)
+    real = space.template_text
+    monkeypatch.setattr(space, "template_text", lambda n: real(n) + "// edited\n")
+    m = freeze.freeze([winner(Problem(1, 768, 512), Config(threads=128))], tmp_path, log=lambda s: None)
+    (gone,) = m["retired"]
+    assert gone["key"] == p.key and gone["direction"] == "fwd" and not {"digest", "measured", "machine"} & set(gone)
+    assert workflow.frozen_variant(p, tmp_path) is None  # nothing dispatches it
+    assert workflow.previous_config(p, tmp_path) == c  # but a re-tune of p asks it first
+    assert c in workflow.sibling_configs(Problem(16, 512, 8192), tmp_path)  # and nearby problems' tunes after theirs
+    # a later freeze keeps it until p has a winner again
+    assert freeze.freeze([], tmp_path, log=lambda s: None)["retired"] == [gone]
+    m = freeze.freeze([winner(p, Config(threads=256))], tmp_path, log=lambda s: None)
+    assert m["retired"] == [] and [e["key"] for e in m["entries"]] == sorted([p.key, Problem(1, 768, 512).key])
+
+
 def test_edited_launcher_dispatch_or_layers_is_stale(tmp_path):
     m = freeze.freeze([winner(Problem(32, 512, 8192), Config())], tmp_path)
     assert freeze.stale_entries(tmp_path) == []
