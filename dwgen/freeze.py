@@ -129,6 +129,15 @@ def entry_variant(e: dict) -> Variant:
     return Variant(p, make_config(p, e["config"], direction), direction)
 
 
+def _builds_as_frozen(e: dict) -> bool | None:
+    """Whether the current templates and flags build an entry's kernel as it was frozen; None where its config
+    is of an older space of its family (an axis gone or renamed), which no longer makes a variant at all."""
+    try:
+        return entry_variant(e).digest == e["digest"]
+    except (TypeError, ValueError):
+        return None
+
+
 def _retired(e: dict) -> dict:
     """What a stale entry leaves in the manifest: its design, for a later re-tune to ask first (its numbers
     described code the templates no longer build, so they go with it). Nothing dispatches a retired design."""
@@ -189,12 +198,15 @@ def freeze(winners: list[Winner], out_dir: Path = DEFAULT_DIR, log=print, generi
     chosen = _generic_choices(old, generic)
     retired = {_entry_slot(r): r for r in old.get("retired", [])}
     for e in old.get("entries", []):
-        if entry_variant(e).digest == e["digest"]:
+        builds = _builds_as_frozen(e)
+        if builds:
             entries[_entry_slot(e)] = {**e, "direction": entry_direction(e)}
-        else:
+        elif builds is False:
             log(f"dropping stale entry {_entry_label(e)} ({e['kernel']}): the templates changed under it; re-tune it "
                 "(a re-tune asks its design first)")
             retired[_entry_slot(e)] = _retired(e)
+        else:
+            log(f"dropping entry {e['key']} ({e['kernel']}): its design is of an older space of its family; re-tune it")
     for w in winners:
         e = _entry(w)
         entries[_entry_slot(e)] = e
@@ -293,10 +305,11 @@ def stale_entries(out_dir: Path = DEFAULT_DIR) -> list[str]:
         return []
     if m.get("schema") != SCHEMA:
         return [f"schema {m.get('schema')}"]
-    stale = [_entry_label(e) for e in m["entries"] if entry_variant(e).digest != e["digest"]]
+    builds = [(e, _builds_as_frozen(e)) for e in m["entries"]]
+    stale = [e["key"] if b is None else _entry_label(e) for e, b in builds if not b]
     # Re-render each kernel for the problem it was frozen for (restrictions depend on sizes).
     fast_variants = _fast_generic(m["generic"]["chosen"])
-    variants = {v.name: v for v in [*map(entry_variant, m["entries"]),
+    variants = {v.name: v for v in [*(entry_variant(e) for e, b in builds if b is not None),
                                      *(v for lists in fast_variants.values() for vs in lists for v in vs)]}
     for k in m["kernels"]:
         v = variants.get(k["name"])

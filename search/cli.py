@@ -51,9 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--runs-dir", type=cli.directory, default=ROOT / "runs")
     ap.add_argument("--out", type=cli.directory, default=ROOT / "generated", help="where the frozen module goes")
     ap.add_argument("--seeds-from", type=cli.directory, default=None,
-                    help="a frozen module whose winners each study asks first (default: --out's own). Give a copy "
-                    "of generated/ made before a change to the templates: a first tune's freeze drops the other "
-                    "direction's stale entries, and with them the designs a second tune would ask first")
+                    help="a frozen module whose winners each study asks first (default: --out's own; a freeze "
+                    "keeps the designs of the stale entries it drops under its manifest's retired, and those are "
+                    "asked too)")
     ap.add_argument("--no-freeze", action="store_true", help="search and report, leave generated/ alone")
     ap.add_argument("--dry-run", action="store_true", help="render and nvcc-compile the space; no GPU needed")
     ap.add_argument("--arch", type=cli.arch, default="sm_90",

@@ -117,10 +117,11 @@ def seed_twins(problem: Problem, config, direction: str = "fwd") -> list:
 
 def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd", besides: Sequence = ()) -> list:
     """Designs generated/ froze for other problems of this direction, dtype and layout that are valid for
-    this one and not among `besides`, nearest first (the same kernel size, then the same activation), at most
-    SIBLING_SEEDS."""
+    this one and not among `besides`, nearest first (the same kernel size, then the same activation, then a
+    current entry's before a retired one's), at most SIBLING_SEEDS."""
     near: list[tuple[tuple, object]] = []
-    for e in _frozen_entries(out_dir, retired=True):
+    current = len(_frozen_entries(out_dir))
+    for i, e in enumerate(_frozen_entries(out_dir, retired=True)):
         q = e.get("problem", {})
         if (e["key"] == problem.key or frz.entry_direction(e) != direction or q.get("dtype") != problem.dtype
                 or q.get("layout") != problem.layout):
@@ -128,7 +129,7 @@ def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd", bes
         config = _config_for(problem, e, direction)
         if config is not None:
             near.append(((q.get("kernel_size") != problem.kernel_size, q.get("activation") != problem.activation,
-                          e["key"]), config))
+                          i >= current, e["key"]), config))
     out: list = []
     for _, config in sorted(near, key=lambda n: n[0]):
         if config not in out and config not in besides:
@@ -278,8 +279,9 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     """Tune each problem's kernels of a direction (fwd, or bwd: the fused backward) and freeze the winners
     beside what generated/ holds; 0 when every problem found a winner.
 
-    Each study first asks the design frozen for its problem in `seeds_from` (default out_dir), stale or not,
-    then up to SIBLING_SEEDS designs frozen there for nearby problems (sibling_configs).
+    Each study first asks the design frozen for its problem in `seeds_from` (default out_dir), stale or not (or
+    retired: dropped by a freeze as stale, its design kept), then its twins (seed_twins), then up to
+    SIBLING_SEEDS designs frozen there for nearby problems (sibling_configs).
 
     `quiet` hides the progress bar; `report`, when given, receives the winners at the end (for --json).
     `workers` > 1 searches with one process per visible GPU on each problem's study."""

@@ -659,3 +659,30 @@ def test_a_measured_backward_generic_design_is_frozen_as_the_fast_backward_and_d
     frozen_dispatch.check_manifest(m)
     tables = frozen_dispatch._trusted(m, tmp_path / "b", "9.0")  # what the C++ dispatcher's rows are built from
     assert tables.fast_bwd["bf16_bcl_k4"] == design.name and not tables.warnings
+
+
+def test_an_entry_of_an_older_space_is_dropped_not_a_crash(tmp_path):
+    p = Problem(32, 512, 8192)
+    freeze.freeze([winner(p, Config(threads=64, outs=4))], tmp_path)
+    path = tmp_path / "manifest.json"
+    m = json.loads(path.read_text())
+    m["entries"][0]["config"]["gone_axis"] = 1  # an axis its family no longer has
+    path.write_text(json.dumps(m))
+    assert p.key in freeze.stale_entries(tmp_path)  # and its kernel file, which nothing builds now
+    said = []
+    m = freeze.freeze([winner(Problem(1, 768, 512), Config(threads=128))], tmp_path, log=said.append)
+    assert [e["key"] for e in m["entries"]] == [Problem(1, 768, 512).key] and m["retired"] == []
+    assert any("older space" in s for s in said)
+
+
+def test_a_nearby_current_design_is_asked_before_a_retired_one(tmp_path, monkeypatch):
+    from dwgen import space
+    from search import workflow
+
+    old, new = Config(threads=64, outs=2), Config(threads=256)
+    freeze.freeze([winner(Problem(1, 768, 512), old)], tmp_path)  # its key sorts first
+    real = space.template_text
+    monkeypatch.setattr(space, "template_text", lambda n: real(n) + "// edited\n")
+    m = freeze.freeze([winner(Problem(32, 512, 8192), new)], tmp_path, log=lambda s: None)
+    assert [r["key"] for r in m["retired"]] == [Problem(1, 768, 512).key]
+    assert workflow.sibling_configs(Problem(16, 512, 8192), tmp_path) == [new, old]
