@@ -61,13 +61,19 @@ def make_builder(cache_dir: Path, arch: str, jobs: int | None, timeout_s: float 
     return build
 
 
-def _frozen_entries(out_dir: Path, retired: bool = False) -> list[dict]:
-    """generated/'s manifest entries, current or not (none from a manifest of another schema); with `retired`,
-    then the designs of entries a freeze dropped as stale (frz.freeze keeps those under "retired")."""
+def _manifest_designs(out_dir: Path) -> tuple[list[dict], list[dict]]:
+    """generated/'s manifest entries, current or not, and the designs of the entries a freeze dropped as stale
+    (frz.freeze keeps those under "retired"); none from a manifest of another schema. One read."""
     m = frz.read_manifest(out_dir)
     if m.get("schema") != frz.SCHEMA:
-        return []
-    return m.get("entries", []) + (m.get("retired", []) if retired else [])
+        return [], []
+    return m.get("entries", []), m.get("retired", [])
+
+
+def _frozen_entries(out_dir: Path, retired: bool = False) -> list[dict]:
+    """generated/'s manifest entries, current or not; with `retired`, then the retired designs."""
+    entries, gone = _manifest_designs(out_dir)
+    return entries + (gone if retired else [])
 
 
 def _frozen_entry(problem: Problem, out_dir: Path, direction: str = "fwd", retired: bool = False) -> dict | None:
@@ -120,8 +126,8 @@ def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd", bes
     this one and not among `besides`, nearest first (the same kernel size, then the same activation, then a
     current entry's before a retired one's), at most SIBLING_SEEDS."""
     near: list[tuple[tuple, object]] = []
-    current = len(_frozen_entries(out_dir))
-    for i, e in enumerate(_frozen_entries(out_dir, retired=True)):
+    entries, gone = _manifest_designs(out_dir)
+    for i, e in enumerate(entries + gone):
         q = e.get("problem", {})
         if (e["key"] == problem.key or frz.entry_direction(e) != direction or q.get("dtype") != problem.dtype
                 or q.get("layout") != problem.layout):
@@ -129,7 +135,7 @@ def sibling_configs(problem: Problem, out_dir: Path, direction: str = "fwd", bes
         config = _config_for(problem, e, direction)
         if config is not None:
             near.append(((q.get("kernel_size") != problem.kernel_size, q.get("activation") != problem.activation,
-                          i >= current, e["key"]), config))
+                          i >= len(entries), e["key"]), config))
     out: list = []
     for _, config in sorted(near, key=lambda n: n[0]):
         if config not in out and config not in besides:
