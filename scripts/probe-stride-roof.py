@@ -66,6 +66,13 @@ extern "C" __global__ void readonly(const uint4* __restrict__ x, uint4* __restri
 """
 
 
+def sizes(p) -> tuple[int, int]:
+    """x's 16-bit elements and the output vectors the kernels write (whole warps). Every kernel reads vectors below
+    nout * S, which must lie inside x's n / 8 (tests/test_probe_stride_roof.py)."""
+    n = p.rows * p.length
+    return n, n // 8 // p.stride // 32 * 32
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="scripts/probe-stride-roof.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,8 +91,7 @@ def main(argv: list[str]) -> int:
     print("problem | copy_ ms (bench.copy_operands) | side: ms, x copy_ median (p10-p90)")
     for line in SHAPES:
         p = problem_from_args(parse.parse_args(shlex.split(line)))
-        s, n = p.stride, p.rows * p.length  # 16-bit elements of x; rows of whole vectors at every shape above
-        nout = n // 8 // s // 32 * 32  # output vectors, whole warps
+        s, (n, nout) = p.stride, sizes(p)
         xt = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         x = cp.asarray(xt.view(torch.int16))
         y = cp.empty(nout * 8, dtype=cp.int16)
