@@ -54,6 +54,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="a frozen module whose winners each study asks first (default: --out's own; a freeze "
                     "keeps the designs of the stale entries it drops under its manifest's retired, and those are "
                     "asked too)")
+    ap.add_argument("--stand-in", action="store_true",
+                    help="each problem stands in for every size of its signature (a stride, a dilation or K past "
+                    "16: generated/ lends its winner to them all, as for benchmarks/signatures.txt): its finalists "
+                    "are also checked and re-timed at a second size, and the one whose worse relative time of the "
+                    "two is least wins")
     ap.add_argument("--no-freeze", action="store_true", help="search and report, leave generated/ alone")
     ap.add_argument("--dry-run", action="store_true", help="render and nvcc-compile the space; no GPU needed")
     ap.add_argument("--arch", type=cli.arch, default="sm_90",
@@ -132,12 +137,18 @@ def report(argv: list[str]) -> int:
     return 0
 
 
-def tunable(problems: list[Problem], direction: str, suite: Path | None) -> list[Problem]:
+def tunable(problems: list[Problem], direction: str, suite: Path | None, stand_in: bool = False) -> list[Problem]:
     """The problems a tune can search, refused before anything is compiled or searched: a search of an empty
     space would only end late with "no correct variant found", and a dry run would compile nothing and call
     that success. A suite's strided problems keep the generic backward: skipped with a note, not refused."""
     from dwgen.dryrun import BWD_STRIDE_ONE, no_variant_reason
 
+    if stand_in:
+        from search.standin import lent_reason
+
+        for p in problems:
+            if lent_reason(p):
+                raise ProblemError(lent_reason(p) if len(problems) == 1 else f"{p.key}: {lent_reason(p)}")
     reasons = [no_variant_reason(p, direction) for p in problems]
     strided = [p for p, r in zip(problems, reasons, strict=True) if r == BWD_STRIDE_ONE]
     for p, reason in zip(problems, reasons, strict=True):
@@ -161,7 +172,7 @@ def main(argv: list[str]) -> int:
         if bool(a.shape) == bool(a.suite):
             raise ProblemError("give either --shape BxCxL or --suite FILE")
         problems = read_suite(a.suite) if a.suite else [problem_from_args(a)]
-        problems = tunable(problems, a.direction, a.suite)
+        problems = tunable(problems, a.direction, a.suite, a.stand_in)
     except ProblemError as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 2
@@ -183,7 +194,8 @@ def main(argv: list[str]) -> int:
                                jobs=a.jobs, quiet=a.quiet, log=log,
                                report=lambda ws: rows.extend(winner_row(w, frozen=not a.no_freeze) for w in ws),
                                workers=a.workers, compile_timeout_s=a.compile_timeout,
-                               run_timeout_s=a.run_timeout, direction=a.direction, seeds_from=a.seeds_from)
+                               run_timeout_s=a.run_timeout, direction=a.direction, seeds_from=a.seeds_from,
+                               stand_in=a.stand_in)
     except (workflow.UserError, ToolchainError) as e:
         print(f"tune.py: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
 """The search loop: ask a batch, filter and de-duplicate, build in parallel, check and time, tell."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -17,6 +18,7 @@ from dwgen.progress import Progress, best_text
 from dwgen.result import Result
 from dwgen.space import Variant, known_good, make_config, trial_params, violations
 from dwgen.worker import Candidate
+from search import standin
 from search import study as st
 from search.neighbours import Neighbours
 from search.samplers import SpaceSampler
@@ -301,12 +303,15 @@ def finalists(known: dict[str, tuple[Variant, Result]], n: int = FINALISTS) -> l
 
 def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: Evaluator,
            rounds: int = RETIME_ROUNDS, extra: list[Variant] = (), keep: Variant | None = None,
-           keep_within: float = 0.0) -> tuple[Variant, Result, dict[str, float]] | None:
+           keep_within: float = 0.0, elsewhere: Callable[[list[Candidate]], dict[str, float]] | None = None,
+           ) -> tuple[Variant, Result, dict[str, float]] | None:
     """Re-time the best few interleaved with copy_ and PyTorch, and declare the winner on those times.
 
     `extra` variants (the one frozen before, say) are re-timed alongside for comparison when they
     passed the check in this study; they can win like any finalist. `keep` (the frozen design) stays the
     winner unless another beats it by more than `keep_within` (a fraction of its time).
+    `elsewhere` (a stand-in's second size: search.standin.weigh_at) gives the re-timed candidates' times
+    relative to the fastest at another size; each then scores the worse of its two (standin.worse_of_two).
     """
     top = finalists(known)
     if not top:
@@ -317,8 +322,13 @@ def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: 
     cands = [Candidate(v, b.library) for (v, _), b in zip(top, builds, strict=True) if b.ok]
     times = evaluator.retime(cands, rounds)
     scored = [(v, r) for v, r in top if v.name in times]
-    v, r = min(scored, key=lambda vr: times[vr[0].name])
-    if keep is not None and keep.name in times and times[keep.name] <= times[v.name] * (1 + keep_within):
+    score = {v.name: times[v.name] for v, _ in scored}
+    if elsewhere is not None:
+        score = standin.worse_of_two(score, elsewhere([c for c in cands if c.variant.name in score]))
+    v, r = min(scored, key=lambda vr: score[vr[0].name])
+    if score[v.name] == math.inf:
+        return None  # every finalist failed its check at the stand-in's second size
+    if keep is not None and keep.name in score and score[keep.name] <= score[v.name] * (1 + keep_within):
         v, r = next((kv, kr) for kv, kr in scored if kv.name == keep.name)
     winner = r.with_(kernel_ms=times[v.name], copy_ms=times["copy_"], torch_ms=times["torch"], reps=rounds)
     return v, winner, times

@@ -18,7 +18,7 @@ from dwgen.problem import Problem
 from dwgen.progress import Progress
 from dwgen.space import Variant, direction_key, family_of_config, make_config, violations
 from dwgen.worker import RUN_TIMEOUT_S
-from search import loop
+from search import loop, standin
 from search import study as st
 from search.parallel import Plan
 
@@ -147,13 +147,14 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
                  storage: str | BaseStorage | None, build, frozen: Variant | None, seeds: tuple = (),
                  log=print, quiet: bool = False, report_dir: Path | None = None,
                  run_timeout_s: float = RUN_TIMEOUT_S, workers: tuple[Plan, list[str]] | None = None,
-                 direction: str = "fwd") -> frz.Winner | None:
+                 direction: str = "fwd", stand_in: bool = False) -> frz.Winner | None:
     """Search one problem's variants of a direction and decide its winner; None when no variant was correct.
 
     With `report_dir`, the study's report (report.md and its plots) is written there at the end.
     `run_timeout_s` bounds each call of the GPU worker (checking and timing one variant). With `workers`
     (a plan and GPUs), the search runs in one worker process per GPU on the study, and this process
-    re-times the finalists on its first GPU once they are done."""
+    re-times the finalists on its first GPU once they are done. With `stand_in`, the finalists are weighed at
+    a second size of the signature too (search.standin): the winner is lent to every size."""
     from dwgen.worker import BwdGpuWorker, GpuWorker
 
     t_start = time.perf_counter()
@@ -178,8 +179,10 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
             known, summary = _search_on_workers(problem, study, replace(plan, trials=trials), gpus, seeds=seeds,
                                                 log=log, quiet=quiet)
             machine = _baselines(worker, log, direction)
+        elsewhere = (standin.weigh_at(standin.second_size(problem), worker, loop.RETIME_ROUNDS, log)
+                     if stand_in else None)
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [], keep=frozen,
-                              keep_within=KEEP_FROZEN_WITHIN)
+                              keep_within=KEEP_FROZEN_WITHIN, elsewhere=elsewhere)
     finally:
         worker.close()
     for line in summary:
@@ -281,7 +284,7 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
          storage: str | None, runs_dir: Path, out_dir: Path, freeze: bool, jobs: int | None, log=print,
          quiet: bool = False, report: Callable[[list[frz.Winner]], None] | None = None, workers: int = 1,
          compile_timeout_s: float = builder.COMPILE_TIMEOUT_S, run_timeout_s: float = RUN_TIMEOUT_S,
-         direction: str = "fwd", seeds_from: Path | None = None) -> int:
+         direction: str = "fwd", seeds_from: Path | None = None, stand_in: bool = False) -> int:
     """Tune each problem's kernels of a direction (fwd, or bwd: the fused backward) and freeze the winners
     beside what generated/ holds; 0 when every problem found a winner.
 
@@ -290,11 +293,12 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     SIBLING_SEEDS designs frozen there for nearby problems (sibling_configs).
 
     `quiet` hides the progress bar; `report`, when given, receives the winners at the end (for --json).
-    `workers` > 1 searches with one process per visible GPU on each problem's study."""
+    `workers` > 1 searches with one process per visible GPU on each problem's study. `stand_in`: every problem
+    stands in for its signature's sizes (tune_problem)."""
     from dwgen.dryrun import no_variant_reason
 
     for p in problems:  # tune.py refuses these first; here for other callers
-        reason = no_variant_reason(p, direction)
+        reason = no_variant_reason(p, direction) or (standin.lent_reason(p) if stand_in else None)
         if reason:
             raise UserError(f"{p.key}: {reason}")
     build = gpu_builder(runs_dir, jobs, compile_timeout_s)
@@ -328,7 +332,7 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
                          build=build, frozen=frozen_variant(p, out_dir, direction),
                          seeds=seeds, log=log, quiet=quiet,
                          report_dir=runs_dir / direction_key(p, direction), run_timeout_s=run_timeout_s,
-                         workers=(plan, gpus) if gpus else None, direction=direction)
+                         workers=(plan, gpus) if gpus else None, direction=direction, stand_in=stand_in)
         if w is not None:
             winners.append(w)
     log("")

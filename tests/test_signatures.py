@@ -28,10 +28,15 @@ def test_each_stand_in_is_a_signature_the_fast_kernels_do_not_cover():
 
 
 def test_no_stand_in_is_a_benchmarked_problem():
-    sizes = {(p.batch, p.channels, p.length) for p in read_suite(ROOT / "benchmarks" / "signatures.txt")}
+    """Neither at its own size nor at the second size tune.py --stand-in weighs its finalists at."""
+    from search.standin import lent_reason, second_size
+
+    problems = read_suite(ROOT / "benchmarks" / "signatures.txt")
+    sizes = {(q.batch, q.channels, q.length) for p in problems for q in (p, second_size(p))}
     for name in ("suite.txt", "untuned.txt", "training.txt"):
         benched = {(p.batch, p.channels, p.length) for p in read_cases(ROOT / "benchmarks" / name)}
         assert not sizes & benched, name
+    assert not [p.key for p in problems if lent_reason(p)]  # --stand-in takes every one
 
 
 def test_each_frozen_stand_in_can_lend_its_kernel():
