@@ -179,26 +179,33 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
             known, summary = _search_on_workers(problem, study, replace(plan, trials=trials), gpus, seeds=seeds,
                                                 log=log, quiet=quiet)
             machine = _baselines(worker, log, direction)
-        elsewhere = (standin.weigh_at(standin.second_size(problem), worker, loop.RETIME_ROUNDS, log)
-                     if stand_in else None)
+        second = standin.SecondSize(problem, worker, log) if stand_in else None
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [], keep=frozen,
-                              keep_within=KEEP_FROZEN_WITHIN, elsewhere=elsewhere)
+                              keep_within=KEEP_FROZEN_WITHIN, elsewhere=second)
     finally:
         worker.close()
     for line in summary:
         log(line)
     log(f"problem wall {time.perf_counter() - t_start:.1f} s")
     if decided is None:
-        log(f"no correct variant found for {direction_key(problem, direction)}")
+        log(f"no finalist of {direction_key(problem, direction)} passed at its second size "
+            f"{standin.shape_text(second.other)}: nothing to lend" if second and second.relative
+            else f"no correct variant found for {direction_key(problem, direction)}")
         if report_dir is not None:
             write_report(study, problem, report_dir, None, log)
         return None
     v, r, times = decided
     log("re-timed finalists, interleaved (ms): " + ", ".join(f"{k} {t:.4f}" for k, t in times.items()))
+    kernels = {k: t for k, t in times.items() if k not in ("copy_", "torch")}
+    score = standin.worse_of_two(kernels, second.relative) if second else None
+    if score:
+        log("stand-in: each finalist's worse time of the two sizes over that size's fastest: "
+            + ", ".join(f"{k} {r:.3f}" for k, r in score.items()))
     if frozen is not None and frozen.name in times:
-        best = min(t for k, t in times.items() if k not in ("copy_", "torch"))
-        gap = times[frozen.name] / best - 1
-        kept = " (kept: within the re-timing's noise)" if v.name == frozen.name and gap > 0 else ""
+        gap = times[frozen.name] / min(kernels.values()) - 1
+        why = ("its worse time of the two sizes within the noise of the best's" if score
+               else "within the re-timing's noise")
+        kept = f" (kept: {why})" if v.name == frozen.name and gap > 0 else ""
         log(f"frozen {frozen.name}: {times[frozen.name]:.4f} ms, {gap * 100:+.1f}% against this search's best{kept}")
     log(f"winner {v.name}: {r.kernel_ms:.4f} ms, {r.x_copy:.3f}x copy ({r.copy_ms:.4f} ms), "
         f"{r.speedup:.2f}x faster than PyTorch ({r.torch_ms:.4f} ms)")

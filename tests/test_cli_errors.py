@@ -36,6 +36,7 @@ CASES = [
     (f"tune.py {S} --padding -1", 2, "-1 is out of range: give 'same', 'causal' or an integer of at least 0"),
     (f"tune.py {S} --padding half", 2, "'half' is neither 'same', 'causal' nor an integer"),
     (f"tune.py {S} --activation relu", 2, "argument --activation: invalid choice: 'relu' (choose from 'none', 'silu')"),
+    (f"tune.py {S} --stand-in", 2, "--stand-in: K3 at stride 1 and dilation 1 runs the fast generic kernels"),
     (f"tune.py {S} --layout nhwc", 2, "unknown layout 'nhwc'"),
     (f"tune.py {S} --stride 2 --direction bwd", 2,
      "the fused backward is stride 1 only; other strides use the generic backward"),

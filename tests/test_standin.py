@@ -38,6 +38,12 @@ def test_the_worse_of_two_sizes_scores_a_finalist():
     assert s == pytest.approx({"a": 1.05, "b": 1.02, "c": math.inf})
     # a failed check there rules a finalist out, even when no other was timed there
     assert standin.worse_of_two(here, {"a": math.inf}) == pytest.approx({"a": math.inf, "b": 1.02, "c": 1.10})
+    # a finalist that cannot win (fixed sizes, or failed there) does not move the others' scores: without it
+    # here, b (1.06 / 1.05 here, fastest there) beats a (fastest here, 4% behind there), and so with it
+    three = {"lane": 1.00, "a": 1.05, "b": 1.06}
+    for h in (three, {k: t for k, t in three.items() if k != "lane"}):
+        s = standin.worse_of_two(h, {"a": 1.04, "b": 1.0})
+        assert min(s, key=s.get) == "b" and s["b"] == pytest.approx(1.06 / 1.05)
 
 
 def _finalists(tmp_path):
@@ -52,7 +58,8 @@ def test_decide_picks_the_finalist_least_worse_at_either_size(tmp_path):
     # the own size's fastest is 5% behind at the second size: the runner-up (close here, fastest there) wins
     seen = []
 
-    def elsewhere(cands):
+    def elsewhere(cands, rounds):
+        assert rounds == loop.RETIME_ROUNDS
         seen.extend(c.variant.name for c in cands)
         return {best.name: 1.05, second.name: 1.0}
 
@@ -61,12 +68,12 @@ def test_decide_picks_the_finalist_least_worse_at_either_size(tmp_path):
     assert v.name == second.name and r.kernel_ms == times[second.name]  # the record keeps the stand-in's own time
     assert sorted(seen) == sorted(x.name for x in top)
     # a finalist the second size has no time for cannot win while another has one there
-    v, _, _ = loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands: {top[3].name: 1.0})
+    v, _, _ = loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands, rounds: {top[3].name: 1.0})
     assert v.name == top[3].name
     # none timed there: the stand-in's own times decide, as without a second size
-    assert loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands: {})[0].name == best.name
+    assert loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands, rounds: {})[0].name == best.name
     # every finalist wrong there: no winner, rather than one that would be lent to sizes it gets wrong
-    assert loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands: {c.variant.name: math.inf
+    assert loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands, rounds: {c.variant.name: math.inf
                                                                            for c in cands}) is None
 
 
@@ -76,7 +83,7 @@ def test_the_frozen_design_stays_unless_beaten_on_the_combined_score_by_more_tha
     frozen, rival = top[0], top[1]  # frozen fastest here, slower there
     here = fake_time(rival) / fake_time(frozen)
     there = {frozen.name: here * behind, rival.name: 1.0}
-    v, _, _ = loop.decide(known, FakeBuilder(), ev, keep=frozen, keep_within=0.01, elsewhere=lambda cands: there)
+    v, _, _ = loop.decide(known, FakeBuilder(), ev, keep=frozen, keep_within=0.01, elsewhere=lambda cands, rounds: there)
     assert v.name == (frozen.name if kept else rival.name)
 
 
@@ -99,9 +106,11 @@ class FakeWorker:
         return base
 
     def retime(self, cands, rounds):
+        from dwgen.worker import WorkerDied
+
         if self.fail_retime:
-            raise RuntimeError("worker died")
-        self.retimed.append(([c.variant.name for c in cands], self.problem))
+            raise WorkerDied("worker timed out", "timeout")
+        self.retimed.append(([c.variant.name for c in cands], self.problem, rounds))
         return {"copy_": 1.0, "torch": 5.0, **{c.variant.name: self.times[c.variant.name] for c in cands}}
 
 
@@ -114,24 +123,29 @@ def test_weigh_checks_before_timing_and_leaves_fixed_size_kernels_out():
     other = standin.second_size(STAND_IN)
     w = FakeWorker(STAND_IN, wrong={"bad"}, times={"a": 0.50, "b": 0.55})
     lines = []
-    rel = standin.weigh_at(other, w, 7, lines.append)([cand("a"), cand("b"), cand("bad"), cand("lane", False)])
-    assert rel == pytest.approx({"a": 1.0, "b": 1.1, "bad": math.inf})
+    second = standin.SecondSize(STAND_IN, w, lines.append)
+    rel = second([cand("a"), cand("b"), cand("bad"), cand("lane", False)], 7)
+    assert rel == pytest.approx({"a": 1.0, "b": 1.1, "bad": math.inf}) and second.relative == rel
     assert [n for n, _ in w.checked] == ["a", "b", "bad"] and all(q == other for _, q in w.checked)
-    assert w.retimed == [(["a", "b"], other)]  # only what passed there is timed there
+    assert w.retimed == [(["a", "b"], other, 7)]  # only what passed there is timed there, as many rounds as here
     assert w.switched == [other, STAND_IN] and w.problem == STAND_IN
     assert any("bad wrong at 8x1536x3968" in s for s in lines)
 
 
-def test_weigh_switches_back_when_the_worker_fails_and_says_when_nothing_is_lendable():
-    other = standin.second_size(STAND_IN)
+def test_a_worker_that_dies_at_the_second_size_lends_nothing_and_ends_no_tune():
     w = FakeWorker(STAND_IN, times={"a": 0.5}, fail_retime=True)
-    with pytest.raises(RuntimeError):
-        standin.weigh_at(other, w, 7, lambda s: None)([cand("a")])
-    assert w.problem == STAND_IN
+    lines = []
+    assert standin.SecondSize(STAND_IN, w, lines.append)([cand("a"), cand("lane", False)], 7) == {"a": math.inf}
+    assert w.problem == STAND_IN and "died" in lines[-1]
     lines = []
     w = FakeWorker(STAND_IN)
-    assert standin.weigh_at(other, w, 7, lines.append)([cand("lane", False)]) == {}
+    assert standin.SecondSize(STAND_IN, w, lines.append)([cand("lane", False)], 7) == {}
     assert w.switched == [] and "decides alone" in lines[0]
+
+
+def test_a_stand_in_whose_second_size_has_no_output_is_refused():
+    reason = standin.lent_reason(Problem(1, 8, 130, kernel_size=31, padding=0, dilation=4))
+    assert reason.startswith("--stand-in: its second size (2x8x64) is no problem") and "\n" not in reason
 
 
 def test_tune_refuses_a_stand_in_that_nothing_is_lent_from(tmp_path, capsys):
@@ -193,9 +207,10 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_second_size(tmp_path, monke
     monkeypatch.setattr(workflow, "gpu_builder", lambda runs_dir, jobs, timeout_s=None: FakeBuilder())
     monkeypatch.setattr(worker, "GpuWorker", FakeFwdWorker)
     winners: list = []
+    lines: list[str] = []
     rc = workflow.tune([STRIDED], trials=10, timeout_s=None, sampler="tpe", seed=0, storage=None,
                        runs_dir=tmp_path / "runs", out_dir=tmp_path / "generated", freeze=False, jobs=1,
-                       log=lambda s: None, quiet=True, report=winners.extend, stand_in=stand_in)
+                       log=lines.append, quiet=True, report=winners.extend, stand_in=stand_in)
     (w,) = winners
     (fw,) = FakeFwdWorker.made
     here = fw.retimed[0][0]
@@ -208,3 +223,4 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_second_size(tmp_path, monke
     assert {n for n, q in fw.checked if q == at} >= set(there)  # every one timed there was checked there first
     score = standin.worse_of_two(here, {k: t / min(there.values()) for k, t in there.items()})
     assert w.variant.name == min(score, key=score.get) != min(here, key=here.get)
+    assert any(s.startswith("stand-in: each finalist's worse time") and w.variant.name in s for s in lines)
