@@ -57,8 +57,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--stand-in", action="store_true",
                     help="each problem stands in for every size of its signature (a stride, a dilation or K past "
                     "16: generated/ lends its winner to them all, as for benchmarks/signatures.txt): its finalists "
-                    "are also checked and re-timed at a second size, and the one whose worse relative time of the "
-                    "two is least wins")
+                    "are also checked and re-timed at three other sizes, and the one whose time over the fastest's, "
+                    "in the geometric mean over the four sizes, is least wins")
     ap.add_argument("--no-freeze", action="store_true", help="search and report, leave generated/ alone")
     ap.add_argument("--dry-run", action="store_true", help="render and nvcc-compile the space; no GPU needed")
     ap.add_argument("--arch", type=cli.arch, default="sm_90",

@@ -303,16 +303,17 @@ def finalists(known: dict[str, tuple[Variant, Result]], n: int = FINALISTS) -> l
 
 def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: Evaluator,
            rounds: int = RETIME_ROUNDS, extra: list[Variant] = (), keep: Variant | None = None,
-           keep_within: float = 0.0, elsewhere: Callable[[list[Candidate], int], dict[str, float]] | None = None,
+           keep_within: float = 0.0,
+           elsewhere: Callable[[list[Candidate], int], dict[str, list[float]]] | None = None,
            ) -> tuple[Variant, Result, dict[str, float]] | None:
     """Re-time the best few interleaved with copy_ and PyTorch, and declare the winner on those times.
 
     `extra` variants (the one frozen before, say) are re-timed alongside for comparison when they
     passed the check in this study; they can win like any finalist. `keep` (the frozen design) stays the
     winner unless another beats it by more than `keep_within` (a fraction of its time).
-    `elsewhere` (a stand-in's second size: search.standin.SecondSize) gives the re-timed candidates' times
-    relative to the fastest at another size; each then scores the worse of its two (standin.worse_of_two), and
-    None comes back when every finalist failed there.
+    `elsewhere` (a stand-in's other sizes: search.standin.OtherSizes) gives the re-timed candidates' times
+    relative to the fastest at each other size; each then scores the geometric mean over all sizes
+    (standin.combined), and None comes back when every finalist failed somewhere.
     """
     top = finalists(known)
     if not top:
@@ -325,10 +326,10 @@ def decide(known: dict[str, tuple[Variant, Result]], build: Builder, evaluator: 
     scored = [(v, r) for v, r in top if v.name in times]
     score = {v.name: times[v.name] for v, _ in scored}
     if elsewhere is not None:
-        score = standin.worse_of_two(score, elsewhere([c for c in cands if c.variant.name in score], rounds))
+        score = standin.combined(score, elsewhere([c for c in cands if c.variant.name in score], rounds))
     v, r = min(scored, key=lambda vr: score[vr[0].name])
     if score[v.name] == math.inf:
-        return None  # every finalist failed its check at the stand-in's second size
+        return None  # every finalist failed its check at one of the stand-in's other sizes
     if keep is not None and keep.name in score and score[keep.name] <= score[v.name] * (1 + keep_within):
         v, r = next((kv, kr) for kv, kr in scored if kv.name == keep.name)
     winner = r.with_(kernel_ms=times[v.name], copy_ms=times["copy_"], torch_ms=times["torch"], reps=rounds)

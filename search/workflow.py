@@ -154,7 +154,7 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
     `run_timeout_s` bounds each call of the GPU worker (checking and timing one variant). With `workers`
     (a plan and GPUs), the search runs in one worker process per GPU on the study, and this process
     re-times the finalists on its first GPU once they are done. With `stand_in`, the finalists are weighed at
-    a second size of the signature too (search.standin): the winner is lent to every size."""
+    other sizes of the signature too (search.standin): the winner is lent to every size."""
     from dwgen.worker import BwdGpuWorker, GpuWorker
 
     t_start = time.perf_counter()
@@ -179,7 +179,7 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
             known, summary = _search_on_workers(problem, study, replace(plan, trials=trials), gpus, seeds=seeds,
                                                 log=log, quiet=quiet)
             machine = _baselines(worker, log, direction)
-        second = standin.SecondSize(problem, worker, log) if stand_in else None
+        second = standin.OtherSizes(problem, worker, log) if stand_in else None
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [], keep=frozen,
                               keep_within=KEEP_FROZEN_WITHIN, elsewhere=second)
     finally:
@@ -188,8 +188,8 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
         log(line)
     log(f"problem wall {time.perf_counter() - t_start:.1f} s")
     if decided is None:
-        log(f"no finalist of {direction_key(problem, direction)} passed at its second size "
-            f"{standin.shape_text(second.other)}: nothing to lend" if second and second.relative
+        log(f"no finalist of {direction_key(problem, direction)} passed at its other sizes "
+            f"({', '.join(standin.shape_text(q) for q in second.sizes)}): nothing to lend" if second and second.relative
             else f"no correct variant found for {direction_key(problem, direction)}")
         if report_dir is not None:
             write_report(study, problem, report_dir, None, log)
@@ -197,16 +197,18 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
     v, r, times = decided
     log("re-timed finalists, interleaved (ms): " + ", ".join(f"{k} {t:.4f}" for k, t in times.items()))
     kernels = {k: t for k, t in times.items() if k not in ("copy_", "torch")}
-    score = standin.worse_of_two(kernels, second.relative) if second else None
+    score = standin.combined(kernels, second.relative) if second else None
     if score:
-        log("stand-in: each finalist's worse time of the two sizes over that size's fastest: "
+        log("stand-in: each finalist's time over the fastest's, geometric mean over the sizes: "
             + ", ".join(f"{k} {r:.3f}" for k, r in score.items()))
     if frozen is not None and frozen.name in times:
         gap = times[frozen.name] / min(kernels.values()) - 1
-        why = ("its worse time of the two sizes within the noise of the best's" if score
-               else "within the re-timing's noise")
-        kept = f" (kept: {why})" if v.name == frozen.name and gap > 0 else ""
-        log(f"frozen {frozen.name}: {times[frozen.name]:.4f} ms, {gap * 100:+.1f}% against this search's best{kept}")
+        line = f"frozen {frozen.name}: {times[frozen.name]:.4f} ms, {gap * 100:+.1f}% against this search's best"
+        if score:
+            gap = score[frozen.name] / min(score.values()) - 1
+            line += f" here, {gap * 100:+.1f}% over the sizes"
+        why = "its mean over the sizes within the noise of the best's" if score else "within the re-timing's noise"
+        log(line + (f" (kept: {why})" if v.name == frozen.name and gap > 0 else ""))
     log(f"winner {v.name}: {r.kernel_ms:.4f} ms, {r.x_copy:.3f}x copy ({r.copy_ms:.4f} ms), "
         f"{r.speedup:.2f}x faster than PyTorch ({r.torch_ms:.4f} ms)")
     if report_dir is not None:

@@ -28,11 +28,11 @@ def test_each_stand_in_is_a_signature_the_fast_kernels_do_not_cover():
 
 
 def test_no_stand_in_is_a_benchmarked_problem():
-    """Neither at its own size nor at the second size tune.py --stand-in weighs its finalists at."""
-    from search.standin import lent_reason, second_size
+    """Neither at its own size nor at the other sizes tune.py --stand-in weighs its finalists at."""
+    from search.standin import lent_reason, other_sizes
 
     problems = read_suite(ROOT / "benchmarks" / "signatures.txt")
-    sizes = {(q.batch, q.channels, q.length) for p in problems for q in (p, second_size(p))}
+    sizes = {(q.batch, q.channels, q.length) for p in problems for q in (p, *other_sizes(p))}
     for name in ("suite.txt", "untuned.txt", "training.txt"):
         benched = {(p.batch, p.channels, p.length) for p in read_cases(ROOT / "benchmarks" / name)}
         assert not sizes & benched, name

@@ -1,4 +1,5 @@
-"""tune.py --stand-in: a stand-in's finalists weighed at a second size (search/standin.py), on fakes (no GPU)."""
+"""tune.py --stand-in: a stand-in's finalists weighed at other sizes of its signature (search/standin.py), on
+fakes (no GPU)."""
 from __future__ import annotations
 
 import math
@@ -8,17 +9,19 @@ import pytest
 
 from dwgen.problem import Problem
 from search import loop, standin
-from tests.test_search import FakeBuilder, FakeEvaluator, fake_time, run
+from tests.test_search import FakeBuilder, fake_time, run
 
 STAND_IN = Problem(4, 1536, 5000, kernel_size=4, stride=4, padding=0, dtype="fp16")
 
 
-def test_second_size_is_another_size_of_the_same_signature():
-    q = standin.second_size(STAND_IN)
-    assert (q.batch, q.channels, q.length) == (8, 1536, 3968)
-    assert q.length % 64 == 0 and (q.batch, q.channels, q.length) != (8, 1024, 6000)  # not the bench's row
-    assert (q.kernel_size, q.stride, q.padding, q.dilation, q.dtype, q.layout) == (4, 4, 0, 1, "fp16", "bcl")
-    assert standin.second_size(Problem(1, 8, 70)).length == 64  # never below one 64-element span
+def test_other_sizes_are_other_shapes_of_the_same_signature():
+    sizes = standin.other_sizes(STAND_IN)
+    assert [(q.batch, q.channels, q.length) for q in sizes] == [(8, 1536, 3968), (16, 768, 2944), (2, 1536, 9984)]
+    elements = STAND_IN.batch * STAND_IN.channels * STAND_IN.length
+    for q in sizes:
+        assert q.length % 64 == 0 and 0.95 <= q.batch * q.channels * q.length / elements <= 1.6
+        assert (q.kernel_size, q.stride, q.padding, q.dilation, q.dtype, q.layout) == (4, 4, 0, 1, "fp16", "bcl")
+    assert min(q.length for q in standin.other_sizes(Problem(1, 8, 70))) == 64  # never below one 64-element span
 
 
 @pytest.mark.parametrize("kw,lent", [({"stride": 2}, True), ({"dilation": 2, "padding": 2}, True),
@@ -31,19 +34,22 @@ def test_only_signatures_past_the_fast_generic_kernels_stand_in(kw, lent):
         assert "fast generic" in reason and "\n" not in reason
 
 
-def test_the_worse_of_two_sizes_scores_a_finalist():
+def test_the_geometric_mean_over_the_sizes_scores_a_finalist():
     here = {"a": 1.00, "b": 1.02, "c": 1.10}
-    assert standin.worse_of_two(here, {}) == pytest.approx({"a": 1.0, "b": 1.02, "c": 1.10})
-    s = standin.worse_of_two(here, {"a": 1.05, "b": 1.0})  # c not lendable
-    assert s == pytest.approx({"a": 1.05, "b": 1.02, "c": math.inf})
-    # a failed check there rules a finalist out, even when no other was timed there
-    assert standin.worse_of_two(here, {"a": math.inf}) == pytest.approx({"a": math.inf, "b": 1.02, "c": 1.10})
-    # a finalist that cannot win (fixed sizes, or failed there) does not move the others' scores: without it
-    # here, b (1.06 / 1.05 here, fastest there) beats a (fastest here, 4% behind there), and so with it
+    assert standin.combined(here, {}) == pytest.approx({"a": 1.0, "b": 1.02, "c": 1.10})
+    s = standin.combined(here, {"a": [1.05, 1.0, 1.0], "b": [1.0, 1.0, 1.0]})  # c not lendable
+    assert s == pytest.approx({"a": 1.05 ** 0.25, "b": 1.02 ** 0.25, "c": math.inf})
+    # one size against many: the fifty-first session's fp16 K4 stride 4 stand-in, roughly (x: 4% ahead at one
+    # other size, 2-5% behind at the others, tied at the stand-in's own)
+    s = standin.combined({"v4": 1.0, "x": 1.003}, {"v4": [1.04, 1.0, 1.0], "x": [1.0, 1.023, 1.052]})
+    assert min(s, key=s.get) == "v4"
+    # a failed check elsewhere rules a finalist out, even when no other was timed there
+    assert standin.combined(here, {"a": [math.inf]}) == pytest.approx({"a": math.inf, "b": 1.0, "c": 1.10 / 1.02})
+    # a finalist that cannot win (fixed sizes, or failed elsewhere) does not move the others' scores
     three = {"lane": 1.00, "a": 1.05, "b": 1.06}
     for h in (three, {k: t for k, t in three.items() if k != "lane"}):
-        s = standin.worse_of_two(h, {"a": 1.04, "b": 1.0})
-        assert min(s, key=s.get) == "b" and s["b"] == pytest.approx(1.06 / 1.05)
+        s = standin.combined(h, {"a": [1.04], "b": [1.0]})
+        assert min(s, key=s.get) == "b" and s["b"] == pytest.approx((1.06 / 1.05) ** 0.5)
 
 
 def _finalists(tmp_path):
@@ -52,38 +58,39 @@ def _finalists(tmp_path):
     return known, ev, top
 
 
-def test_decide_picks_the_finalist_least_worse_at_either_size(tmp_path):
+def test_decide_picks_the_finalist_with_the_best_mean_over_the_sizes(tmp_path):
     known, ev, top = _finalists(tmp_path)
     best, second = top[0], top[1]
-    # the own size's fastest is 5% behind at the second size: the runner-up (close here, fastest there) wins
+    # the own size's fastest is 5% behind at both other sizes: the runner-up (close here, fastest there) wins
     seen = []
 
     def elsewhere(cands, rounds):
         assert rounds == loop.RETIME_ROUNDS
         seen.extend(c.variant.name for c in cands)
-        return {best.name: 1.05, second.name: 1.0}
+        return {best.name: [1.05, 1.05], second.name: [1.0, 1.0]}
 
     v, r, times = loop.decide(known, FakeBuilder(), ev, elsewhere=elsewhere)
     assert fake_time(second) / fake_time(best) < 1.05  # the premise: within 5% here
     assert v.name == second.name and r.kernel_ms == times[second.name]  # the record keeps the stand-in's own time
     assert sorted(seen) == sorted(x.name for x in top)
-    # a finalist the second size has no time for cannot win while another has one there
-    v, _, _ = loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands, rounds: {top[3].name: 1.0})
+    # a finalist the other sizes have no time for cannot win while another has times there
+    v, _, _ = loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands, rounds: {top[3].name: [1.0]})
     assert v.name == top[3].name
-    # none timed there: the stand-in's own times decide, as without a second size
+    # none timed there: the stand-in's own times decide, as without other sizes
     assert loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands, rounds: {})[0].name == best.name
-    # every finalist wrong there: no winner, rather than one that would be lent to sizes it gets wrong
-    assert loop.decide(known, FakeBuilder(), ev, elsewhere=lambda cands, rounds: {c.variant.name: math.inf
-                                                                           for c in cands}) is None
+    # every finalist wrong somewhere: no winner, rather than one that would be lent to sizes it gets wrong
+    assert loop.decide(known, FakeBuilder(), ev,
+                       elsewhere=lambda cands, rounds: {c.variant.name: [math.inf] for c in cands}) is None
 
 
-@pytest.mark.parametrize("behind,kept", [(1.005, True), (1.02, False)])
-def test_the_frozen_design_stays_unless_beaten_on_the_combined_score_by_more_than_the_noise(tmp_path, behind, kept):
+@pytest.mark.parametrize("behind,kept", [(1.005, True), (1.03, False)])
+def test_the_frozen_design_stays_unless_beaten_on_the_mean_by_more_than_the_noise(tmp_path, behind, kept):
     known, ev, top = _finalists(tmp_path)
-    frozen, rival = top[0], top[1]  # frozen fastest here, slower there
+    frozen, rival = top[0], top[1]  # frozen fastest here, slower at the other size
     here = fake_time(rival) / fake_time(frozen)
-    there = {frozen.name: here * behind, rival.name: 1.0}
-    v, _, _ = loop.decide(known, FakeBuilder(), ev, keep=frozen, keep_within=0.01, elsewhere=lambda cands, rounds: there)
+    there = {frozen.name: [here * behind ** 2], rival.name: [1.0]}  # its mean: the rival's times behind
+    v, _, _ = loop.decide(known, FakeBuilder(), ev, keep=frozen, keep_within=0.01,
+                          elsewhere=lambda cands, rounds: there)
     assert v.name == (frozen.name if kept else rival.name)
 
 
@@ -101,7 +108,7 @@ class FakeWorker:
     def check(self, cand, base, edges=True):
         assert not edges  # edges were checked on the stand-in's own build
         self.checked.append((cand.variant.name, self.problem))
-        if cand.variant.name in self.wrong:
+        if (cand.variant.name, self.problem) in self.wrong:
             return base.with_(status="wrong", message="mismatch at (0, 3, 17)")
         return base
 
@@ -119,33 +126,36 @@ def cand(name, lendable=True):
     return SimpleNamespace(variant=v, library=f"/nowhere/{name}.so")
 
 
-def test_weigh_checks_before_timing_and_leaves_fixed_size_kernels_out():
-    other = standin.second_size(STAND_IN)
-    w = FakeWorker(STAND_IN, wrong={"bad"}, times={"a": 0.50, "b": 0.55})
+def test_every_check_comes_before_any_timing_and_fixed_size_kernels_are_left_out():
+    sizes = standin.other_sizes(STAND_IN)
+    w = FakeWorker(STAND_IN, wrong={("bad", sizes[1])}, times={"a": 0.50, "b": 0.55, "bad": 0.1})
     lines = []
-    second = standin.SecondSize(STAND_IN, w, lines.append)
-    rel = second([cand("a"), cand("b"), cand("bad"), cand("lane", False)], 7)
-    assert rel == pytest.approx({"a": 1.0, "b": 1.1, "bad": math.inf}) and second.relative == rel
-    assert [n for n, _ in w.checked] == ["a", "b", "bad"] and all(q == other for _, q in w.checked)
-    assert w.retimed == [(["a", "b"], other, 7)]  # only what passed there is timed there, as many rounds as here
-    assert w.switched == [other, STAND_IN] and w.problem == STAND_IN
-    assert any("bad wrong at 8x1536x3968" in s for s in lines)
+    weigh = standin.OtherSizes(STAND_IN, w, lines.append)
+    rel = weigh([cand("a"), cand("b"), cand("bad"), cand("lane", False)], 7)
+    assert rel == pytest.approx({"a": [1.0] * 3, "b": [1.1] * 3, "bad": [math.inf]}) and weigh.relative == rel
+    # checked at each size, "bad" no more after it failed at the second; then timed: only what passed everywhere
+    assert w.checked == [(n, sizes[0]) for n in ("a", "b", "bad")] + [(n, sizes[1]) for n in ("a", "b", "bad")] \
+        + [(n, sizes[2]) for n in ("a", "b")]
+    assert w.retimed == [(["a", "b"], q, 7) for q in sizes]  # as many rounds as at the stand-in's size
+    assert w.switched == [*sizes, *sizes, STAND_IN] and w.problem == STAND_IN
+    assert any("bad wrong at 16x768x2944" in s for s in lines)
 
 
-def test_a_worker_that_dies_at_the_second_size_lends_nothing_and_ends_no_tune():
+def test_a_worker_that_dies_weighing_lends_nothing_and_ends_no_tune():
     w = FakeWorker(STAND_IN, times={"a": 0.5}, fail_retime=True)
     lines = []
-    assert standin.SecondSize(STAND_IN, w, lines.append)([cand("a"), cand("lane", False)], 7) == {"a": math.inf}
+    assert standin.OtherSizes(STAND_IN, w, lines.append)([cand("a"), cand("lane", False)], 7) == {"a": [math.inf]}
     assert w.problem == STAND_IN and "died" in lines[-1]
     lines = []
     w = FakeWorker(STAND_IN)
-    assert standin.SecondSize(STAND_IN, w, lines.append)([cand("lane", False)], 7) == {}
+    assert standin.OtherSizes(STAND_IN, w, lines.append)([cand("lane", False)], 7) == {}
     assert w.switched == [] and "decides alone" in lines[0]
 
 
-def test_a_stand_in_whose_second_size_has_no_output_is_refused():
+def test_a_stand_in_whose_other_sizes_have_no_output_is_refused():
     reason = standin.lent_reason(Problem(1, 8, 130, kernel_size=31, padding=0, dilation=4))
-    assert reason.startswith("--stand-in: its second size (2x8x64) is no problem") and "\n" not in reason
+    assert reason.startswith("--stand-in: one of the sizes its finalists are weighed at is no problem: no output")
+    assert "\n" not in reason
 
 
 def test_tune_refuses_a_stand_in_that_nothing_is_lent_from(tmp_path, capsys):
@@ -158,7 +168,7 @@ def test_tune_refuses_a_stand_in_that_nothing_is_lent_from(tmp_path, capsys):
 
 
 def _time(variant, problem) -> float:
-    """A fake time a variant takes: its own per design, in the reverse order at any other size than the stand-in's."""
+    """A fake time a variant takes: its own per design, in the reverse order at any size but the stand-in's."""
     t = 1.0 + int(variant.digest[:6], 16) % 997 / 1e4
     return t if problem == STRIDED else 2.2 - t
 
@@ -198,7 +208,7 @@ class FakeFwdWorker(FakeWorker):
 
 
 @pytest.mark.parametrize("stand_in", [False, True])
-def test_a_stand_in_tune_weighs_its_finalists_at_the_second_size(tmp_path, monkeypatch, stand_in):
+def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path, monkeypatch, stand_in):
     from dwgen import worker
     from search import workflow
 
@@ -218,9 +228,12 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_second_size(tmp_path, monke
     if not stand_in:
         assert len(fw.retimed) == 1 and w.variant.name == min(here, key=here.get)
         return
-    there, at = fw.retimed[1]
-    assert at == standin.second_size(STRIDED) and fw.problem == STRIDED  # switched back after
-    assert {n for n, q in fw.checked if q == at} >= set(there)  # every one timed there was checked there first
-    score = standin.worse_of_two(here, {k: t / min(there.values()) for k, t in there.items()})
+    sizes = standin.other_sizes(STRIDED)
+    assert [q for _, q in fw.retimed[1:]] == sizes and fw.problem == STRIDED  # switched back after
+    for there, q in fw.retimed[1:]:
+        assert {n for n, c in fw.checked if c == q} >= set(there)  # every one timed there was checked there
+    rel = {k: [t[k] / min(t.values()) for t, _ in fw.retimed[1:]] for k in fw.retimed[1][0]}
+    score = standin.combined(here, rel)
     assert w.variant.name == min(score, key=score.get) != min(here, key=here.get)
-    assert any(s.startswith("stand-in: each finalist's worse time") and w.variant.name in s for s in lines)
+    assert any(s.startswith("stand-in: each finalist's time over the fastest's") and w.variant.name in s
+               for s in lines)
