@@ -4,8 +4,8 @@
 Why: the fiftieth session's re-tune of the fp16 K4 stride 4 stand-in (4x1536x5000) chose a streaming design 2%
 ahead there, which read 1.08x -> 1.13x copy on an untuned 8x1024x6000 problem of the same signature. One size
 cannot tell a size-dependent design apart. One more size was not enough either (fifty-first session): at
-8x1536x3968 a row design was 4% ahead of the committed one, which was 2-5% ahead at three other sizes and tied at
-the stand-in's. So the finalists are weighed at three other sizes of different shapes, by the geometric mean of
+8x1536x3968 a row design was 4% ahead of the committed one, which search.compare then measured 2-5% ahead at three
+other sizes and tied at the stand-in's. So the finalists are weighed at three other sizes of different shapes, by the geometric mean of
 their relative times.
 """
 from __future__ import annotations
@@ -23,15 +23,23 @@ def _multiple_of_64(n: float) -> int:
     return max(64, int(n) // 64 * 64)
 
 
+def _half_channels(c: int) -> int:
+    """Half the channels, kept a multiple of 8 (a (B, L, C) kernel's vector of channels: the dispatcher lends it
+    only where C is a multiple of that, so a size that is not would test a call it never gets)."""
+    return c // 2 // 8 * 8 if c >= 16 else c
+
+
 def other_sizes(p: Problem) -> list[Problem]:
     """The sizes a stand-in's finalists are weighed at besides its own: more rows and shorter ones (twice the
     batch, four fifths of the length), many short rows (four times the batch, half the channels, three fifths of
     the length) and few long ones (half the batch, rounded up, twice the length): the grid's rows and a row's
-    tiles both change. Lengths are multiples of 64 (a 16-bit row stays whole 16-byte vectors); each has about 1
-    to 1.6 times the stand-in's elements. benchmarks/signatures.txt's test keeps them apart from the benchmark's rows,
-    which must stay a test of lending, not its target."""
+    tiles both change. Lengths are multiples of 64 (a 16-bit row stays whole 16-byte vectors); at the
+    stand-ins' sizes each has 1 to 1.6 times their elements (more for a batch of 1 or few channels).
+    benchmarks/signatures.txt's test keeps them apart from the benchmark's rows, which must stay a test of
+    lending, not its target."""
     return [replace(p, batch=2 * p.batch, length=_multiple_of_64(p.length * 4 / 5)),
-            replace(p, batch=4 * p.batch, channels=max(1, p.channels // 2), length=_multiple_of_64(p.length * 3 / 5)),
+            replace(p, batch=4 * p.batch, channels=_half_channels(p.channels),
+                    length=_multiple_of_64(p.length * 3 / 5)),
             replace(p, batch=(p.batch + 1) // 2, length=_multiple_of_64(p.length * 2))]
 
 
@@ -78,15 +86,17 @@ class OtherSizes:
     every one of other_sizes(problem) (float64, NaN-poisoned outputs, its stream; through `worker`, switched to
     each size), then re-time those that passed everywhere, interleaved with copy_, at each size; switch back.
     Returns each lendable candidate's times over the fastest's at each size (infinity for one that failed
-    anywhere, or for all when the worker died re-timing). The last answer stays in `relative`, for the log."""
+    anywhere). When the worker dies re-timing, or cannot start at a size, every candidate scores infinity,
+    fixed-size ones too, so that decide declares no winner: a one-off failure must neither hand the signature to
+    a kernel that is not lent nor freeze one that was not weighed. The last answer stays in `relative`, for the
+    log; `timed` says whether any candidate has times at every size."""
 
     def __init__(self, problem: Problem, worker, log=print):
         self.problem, self.sizes, self.worker, self.log = problem, other_sizes(problem), worker, log
         self.relative: dict[str, list[float]] = {}
+        self.died = False
 
     def __call__(self, cands: list[Candidate], rounds: int) -> dict[str, list[float]]:
-        from dwgen.worker import WorkerDied
-
         lendable = [c for c in cands if c.variant.family.sizes_at_run_time]
         self.relative = {c.variant.name: [math.inf] for c in lendable}
         if not lendable:
@@ -108,11 +118,17 @@ class OtherSizes:
                 timed.append(self.worker.retime(passed, rounds))
                 self.log(f"stand-in: re-timed at {shape_text(q)}, interleaved (ms): "
                          + ", ".join(f"{k} {t:.4f}" for k, t in timed[-1].items()))
-        except WorkerDied as e:
-            self.log(f"stand-in: the worker died weighing the finalists ({e}); no finalist is lent from this run")
+        except RuntimeError as e:  # WorkerDied, or a worker that could not start at a size
+            self.died = True
+            self.log(f"stand-in: the worker died weighing the finalists ({e}); no winner from this run")
+            self.relative = {c.variant.name: [math.inf] for c in cands}
             return self.relative
         finally:
             self.worker.switch(self.problem)
         for c in passed:
             self.relative[c.variant.name] = [t[c.variant.name] / min(t[d.variant.name] for d in passed) for t in timed]
         return self.relative
+
+    @property
+    def timed(self) -> bool:
+        return any(all(math.isfinite(r) for r in rs) for rs in self.relative.values())

@@ -188,16 +188,21 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
         log(line)
     log(f"problem wall {time.perf_counter() - t_start:.1f} s")
     if decided is None:
-        log(f"no finalist of {direction_key(problem, direction)} passed at its other sizes "
-            f"({', '.join(standin.shape_text(q) for q in second.sizes)}): nothing to lend" if second and second.relative
-            else f"no correct variant found for {direction_key(problem, direction)}")
+        key = direction_key(problem, direction)
+        if second and second.died:
+            log(f"no winner for {key}: its finalists could not be weighed at its other sizes; run it again")
+        elif second and second.relative:
+            log(f"no finalist of {key} passed at its other sizes "
+                f"({', '.join(standin.shape_text(q) for q in second.sizes)}): nothing to lend")
+        else:
+            log(f"no correct variant found for {key}")
         if report_dir is not None:
             write_report(study, problem, report_dir, None, log)
         return None
     v, r, times = decided
     log("re-timed finalists, interleaved (ms): " + ", ".join(f"{k} {t:.4f}" for k, t in times.items()))
     kernels = {k: t for k, t in times.items() if k not in ("copy_", "torch")}
-    score = standin.combined(kernels, second.relative) if second else None
+    score = standin.combined(kernels, second.relative) if second and second.timed else None
     if score:
         log("stand-in: each finalist's time over the fastest's, geometric mean over the sizes: "
             + ", ".join(f"{k} {r:.3f}" for k, r in score.items()))

@@ -22,6 +22,8 @@ def test_other_sizes_are_other_shapes_of_the_same_signature():
         assert q.length % 64 == 0 and 0.95 <= q.batch * q.channels * q.length / elements <= 1.6
         assert (q.kernel_size, q.stride, q.padding, q.dilation, q.dtype, q.layout) == (4, 4, 0, 1, "fp16", "bcl")
     assert min(q.length for q in standin.other_sizes(Problem(1, 8, 70))) == 64  # never below one 64-element span
+    # half of 1544 channels is 772, no multiple of a (B, L, C) kernel's 8-channel vector: 768
+    assert standin.other_sizes(Problem(4, 1544, 5000, stride=2, layout="blc"))[1].channels == 768
 
 
 @pytest.mark.parametrize("kw,lent", [({"stride": 2}, True), ({"dilation": 2, "padding": 2}, True),
@@ -97,8 +99,9 @@ def test_the_frozen_design_stays_unless_beaten_on_the_mean_by_more_than_the_nois
 class FakeWorker:
     """GpuWorker's check, retime and switch, with outcomes by name."""
 
-    def __init__(self, home, wrong=(), times=None, fail_retime=False):
+    def __init__(self, home, wrong=(), times=None, fail_retime=False, no_start_at=None):
         self.problem, self.wrong, self.times, self.fail_retime = home, set(wrong), times or {}, fail_retime
+        self.no_start_at = no_start_at
         self.switched, self.checked, self.retimed = [], [], []
 
     def switch(self, p):
@@ -107,6 +110,8 @@ class FakeWorker:
 
     def check(self, cand, base, edges=True):
         assert not edges  # edges were checked on the stand-in's own build
+        if self.problem == self.no_start_at:
+            raise RuntimeError("GPU worker failed to start: CUDA out of memory")
         self.checked.append((cand.variant.name, self.problem))
         if (cand.variant.name, self.problem) in self.wrong:
             return base.with_(status="wrong", message="mismatch at (0, 3, 17)")
@@ -118,7 +123,8 @@ class FakeWorker:
         if self.fail_retime:
             raise WorkerDied("worker timed out", "timeout")
         self.retimed.append(([c.variant.name for c in cands], self.problem, rounds))
-        return {"copy_": 1.0, "torch": 5.0, **{c.variant.name: self.times[c.variant.name] for c in cands}}
+        # copy_ faster than any kernel, as on a GPU: a normalisation that took it in would show
+        return {"copy_": 0.05, "torch": 5.0, **{c.variant.name: self.times[c.variant.name] for c in cands}}
 
 
 def cand(name, lendable=True):
@@ -141,11 +147,19 @@ def test_every_check_comes_before_any_timing_and_fixed_size_kernels_are_left_out
     assert any("bad wrong at 16x768x2944" in s for s in lines)
 
 
-def test_a_worker_that_dies_weighing_lends_nothing_and_ends_no_tune():
-    w = FakeWorker(STAND_IN, times={"a": 0.5}, fail_retime=True)
+@pytest.mark.parametrize("how", ["retime", "start"])
+def test_a_worker_that_dies_weighing_gives_no_winner_and_ends_no_tune(tmp_path, how):
+    """Not even the fixed-size finalist, which would win on its own size alone: a one-off failure must not take
+    the signature's lent kernel away."""
+    w = FakeWorker(STAND_IN, times={"a": 0.5}, fail_retime=how == "retime",
+                   no_start_at=standin.other_sizes(STAND_IN)[1] if how == "start" else None)
     lines = []
-    assert standin.OtherSizes(STAND_IN, w, lines.append)([cand("a"), cand("lane", False)], 7) == {"a": [math.inf]}
-    assert w.problem == STAND_IN and "died" in lines[-1]
+    weigh = standin.OtherSizes(STAND_IN, w, lines.append)
+    assert weigh([cand("a"), cand("lane", False)], 7) == {"a": [math.inf], "lane": [math.inf]}
+    assert weigh.died and not weigh.timed and w.problem == STAND_IN and "died" in lines[-1]
+    known, ev, top = _finalists(tmp_path)
+    assert loop.decide(known, FakeBuilder(), ev,
+                       elsewhere=lambda cands, rounds: {c.variant.name: [math.inf] for c in cands}) is None
     lines = []
     w = FakeWorker(STAND_IN)
     assert standin.OtherSizes(STAND_IN, w, lines.append)([cand("lane", False)], 7) == {}
