@@ -147,8 +147,9 @@ def tunable(problems: list[Problem], direction: str, suite: Path | None, stand_i
         from search.standin import lent_reason
 
         for p in problems:
-            if lent_reason(p):
-                raise ProblemError(lent_reason(p) if len(problems) == 1 else f"{p.key}: {lent_reason(p)}")
+            reason = lent_reason(p)
+            if reason:
+                raise ProblemError(reason if len(problems) == 1 else f"{p.key}: {reason}")
     reasons = [no_variant_reason(p, direction) for p in problems]
     strided = [p for p, r in zip(problems, reasons, strict=True) if r == BWD_STRIDE_ONE]
     for p, reason in zip(problems, reasons, strict=True):

@@ -179,9 +179,9 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
             known, summary = _search_on_workers(problem, study, replace(plan, trials=trials), gpus, seeds=seeds,
                                                 log=log, quiet=quiet)
             machine = _baselines(worker, log, direction)
-        second = standin.OtherSizes(problem, worker, log) if stand_in else None
+        others = standin.OtherSizes(problem, worker, log) if stand_in else None
         decided = loop.decide(known, build, worker, extra=[frozen] if frozen else [], keep=frozen,
-                              keep_within=KEEP_FROZEN_WITHIN, elsewhere=second)
+                              keep_within=KEEP_FROZEN_WITHIN, elsewhere=others)
     finally:
         worker.close()
     for line in summary:
@@ -189,11 +189,11 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
     log(f"problem wall {time.perf_counter() - t_start:.1f} s")
     if decided is None:
         key = direction_key(problem, direction)
-        if second and second.died:
+        if others and others.died:
             log(f"no winner for {key}: its finalists could not be weighed at its other sizes; run it again")
-        elif second and second.relative:
+        elif others and others.relative:
             log(f"no finalist of {key} passed at its other sizes "
-                f"({', '.join(standin.shape_text(q) for q in second.sizes)}): nothing to lend")
+                f"({', '.join(standin.shape_text(q) for q in others.sizes)}): nothing to lend")
         else:
             log(f"no correct variant found for {key}")
         if report_dir is not None:
@@ -202,7 +202,7 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
     v, r, times = decided
     log("re-timed finalists, interleaved (ms): " + ", ".join(f"{k} {t:.4f}" for k, t in times.items()))
     kernels = {k: t for k, t in times.items() if k not in ("copy_", "torch")}
-    score = standin.combined(kernels, second.relative) if second and second.timed else None
+    score = standin.combined(kernels, others.relative) if others and others.timed else None
     if score:
         log("stand-in: each finalist's time over the fastest's, geometric mean over the sizes: "
             + ", ".join(f"{k} {r:.3f}" for k, r in score.items()))
