@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from dwgen import frozen_dispatch
 from dwgen.problem import Problem, ProblemError
 from dwgen.result import Result
 from dwgen.worker import Candidate
@@ -47,6 +46,8 @@ def lent_reason(p: Problem) -> str | None:
     """Why p cannot stand in for its signature (None when it can): only signatures past the fast generic kernels
     (a stride, a dilation, K past 16) borrow a tuned kernel; the others run generic kernels. The rule is the
     frozen dispatcher's own, so that the two cannot disagree. Its other sizes must be problems too."""
+    from dwgen import frozen_dispatch  # imports torch: not at search.loop's import
+
     if frozen_dispatch._has_fast_generic(p.kernel_size, p.stride, p.dilation):
         return (f"--stand-in: K{p.kernel_size} at stride 1 and dilation 1 runs the fast generic kernels when untuned, "
                 "so nothing is lent; leave --stand-in out for it")
@@ -125,8 +126,9 @@ class OtherSizes:
             return self.relative
         finally:
             self.worker.switch(self.problem)
+        fastest = [min(t[c.variant.name] for c in passed) for t in timed]
         for c in passed:
-            self.relative[c.variant.name] = [t[c.variant.name] / min(t[d.variant.name] for d in passed) for t in timed]
+            self.relative[c.variant.name] = [t[c.variant.name] / f for t, f in zip(timed, fastest, strict=True)]
         return self.relative
 
     @property

@@ -251,3 +251,12 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path, monke
     assert w.variant.name == min(score, key=score.get) != min(here, key=here.get)
     assert any(s.startswith("stand-in: each finalist's time over the fastest's") and w.variant.name in s
                for s in lines)
+
+
+def test_the_search_loop_imports_no_torch():
+    """standin's rule comes from the frozen dispatcher, which imports torch: only when a stand-in is checked."""
+    import subprocess
+    import sys
+
+    code = "import sys, search.loop, search.workflow; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=standin.__file__.rsplit("/search/", 1)[0]).returncode == 0
