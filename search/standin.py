@@ -58,6 +58,25 @@ def lent_reason(p: Problem) -> str | None:
     return None
 
 
+SIGNATURE = ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")  # generated/'s lent tables' key
+
+
+def outranked_by(p: Problem, entries: list[dict], kernels: list[dict], direction: str = "fwd") -> str | None:
+    """The key of a larger tuned problem of p's signature whose kernel generated/ would lend instead of p's
+    (the lent tables take the largest whose launch takes sizes at run time), or None. `entries` and `kernels`
+    are a manifest's. A stand-in tune is then no test of what untuned sizes run: tune.py says so."""
+    lendable = {k["name"] for k in kernels if k.get("sizes_at_run_time")}
+    mine = tuple(getattr(p, f) for f in SIGNATURE)
+    size = p.batch * p.channels * p.length
+    larger = [e for e in entries
+              if e.get("direction", "fwd") == direction and e["kernel"] in lendable and e["key"] != p.key
+              and tuple(e["problem"].get(f, "none") for f in SIGNATURE) == mine
+              and e["problem"]["batch"] * e["problem"]["channels"] * e["problem"]["length"] > size]
+    if not larger:
+        return None
+    return max(larger, key=lambda e: e["problem"]["batch"] * e["problem"]["channels"] * e["problem"]["length"])["key"]
+
+
 def combined(here: dict[str, float], there: dict[str, list[float]]) -> dict[str, float]:
     """Each finalist's score: the geometric mean, over the stand-in's size (`here`: times) and the other sizes
     (`there`: times over the fastest's at each, infinity for one that failed its check at any), of its time over

@@ -82,6 +82,19 @@ def _frozen_entry(problem: Problem, out_dir: Path, direction: str = "fwd", retir
                  if e["key"] == problem.key and frz.entry_direction(e) == direction), None)
 
 
+def _warn_outranked(problems: list[Problem], out_dir: Path, direction: str, log=print) -> None:
+    """A stand-in whose signature has a larger tuned problem in generated/ is not what untuned sizes run (the
+    larger one's kernel is lent): say so before the search, so that nobody reads its tune as a test of lending."""
+    m = frz.read_manifest(out_dir)
+    if m.get("schema") != frz.SCHEMA:
+        return
+    for p in problems:
+        key = standin.outranked_by(p, m.get("entries", []), m.get("kernels", []), direction)
+        if key:
+            log(f"stand-in: generated/ lends the kernel of {key}, the largest tuned problem of {p.key}'s "
+                "signature, to its untuned sizes: this tune does not change what they run")
+
+
 def frozen_variant(problem: Problem, out_dir: Path, direction: str = "fwd") -> Variant | None:
     """The variant generated/ holds for this problem in a direction, if its code still matches the templates."""
     e = _frozen_entry(problem, out_dir, direction)
@@ -326,6 +339,8 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
     gpus = _worker_gpus(workers) if workers > 1 else None
     log(f"tuning {len(problems)} problem(s) on {gpu_arch()}"
         + (f" with {workers} workers" if gpus else "") + f"; storage {storage or 'in memory'}")
+    if stand_in:
+        _warn_outranked(problems, out_dir, direction, log)
     try:
         opened = st.open_storage(storage) if storage else None
     except st.StorageError as e:

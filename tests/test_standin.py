@@ -260,3 +260,44 @@ def test_the_search_loop_imports_no_torch():
 
     code = "import sys, search.loop, search.workflow; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=standin.__file__.rsplit("/search/", 1)[0]).returncode == 0
+
+
+def _entry(p: Problem, kernel: str, direction: str = "fwd") -> dict:
+    fields = ("batch", "channels", "length", "kernel_size", "stride", "dilation", "dtype", "layout", "activation")
+    return {"key": p.key, "kernel": kernel, "direction": direction, "problem": {f: getattr(p, f) for f in fields}}
+
+
+def test_a_larger_tuned_problem_of_the_signature_outranks_the_stand_in():
+    """generated/ lends the largest tuned problem's kernel (whose launch takes sizes at run time): a stand-in
+    tune of a smaller one is then no test of what untuned sizes run."""
+    from dwgen import frozen_dispatch
+
+    assert standin.SIGNATURE == frozen_dispatch._SIGNATURE_FIELDS
+    big, bigger = Problem(8, 64, 1024, kernel_size=3, stride=2, padding=1), Problem(8, 64, 4096, kernel_size=3, stride=2)
+    kernels = [{"name": "a", "sizes_at_run_time": True}, {"name": "b", "sizes_at_run_time": True},
+               {"name": "fixed", "sizes_at_run_time": False}]
+    entries = [_entry(big, "a"), _entry(bigger, "b")]
+    assert standin.outranked_by(STRIDED, entries, kernels) == bigger.key
+    assert standin.outranked_by(STRIDED, entries, kernels, direction="bwd") is None
+    assert standin.outranked_by(bigger, entries, kernels) is None  # the largest itself
+    assert standin.outranked_by(STRIDED, [_entry(bigger, "fixed")], kernels) is None  # not lent
+    other = [_entry(Problem(8, 64, 4096, kernel_size=3, stride=2, dtype="bf16"), "b"),
+             _entry(Problem(8, 64, 4096, kernel_size=5, stride=2), "b")]
+    assert standin.outranked_by(STRIDED, other, kernels) is None  # another signature
+
+
+def test_the_tune_says_when_a_larger_tuned_problem_is_lent_instead(tmp_path, monkeypatch):
+    from dwgen import freeze as frz
+    from search import workflow
+
+    bigger = Problem(8, 64, 4096, kernel_size=3, stride=2)
+    manifest = {"schema": frz.SCHEMA, "entries": [_entry(bigger, "b")],
+                "kernels": [{"name": "b", "sizes_at_run_time": True}]}
+    monkeypatch.setattr(frz, "read_manifest", lambda out_dir: manifest)
+    lines: list[str] = []
+    workflow._warn_outranked([STRIDED], tmp_path, "fwd", lines.append)
+    (line,) = lines
+    assert line.startswith("stand-in:") and bigger.key in line and STRIDED.key in line
+    lines.clear()
+    workflow._warn_outranked([bigger], tmp_path, "fwd", lines.append)
+    assert lines == []
