@@ -47,6 +47,9 @@ class Winner:
     variant: Variant
     result: Result
     machine: dict
+    # tune.py --stand-in: the winner's times at the other sizes it was weighed at (search.standin.evidence),
+    # recorded so that what generated/ lends to untuned sizes shows what it was chosen on
+    stand_in: dict | None = None
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -116,6 +119,7 @@ def _entry(w: Winner) -> dict:
             "reps": r.reps,
         },
         "machine": dict(w.machine),
+        **({"stand_in": w.stand_in} if w.stand_in else {}),
     }
 
 

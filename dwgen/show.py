@@ -36,6 +36,10 @@ def entry_row(entry: dict, kernels: dict[str, dict] | None = None) -> dict:
         "date": machine.get("date", ""),
         "digest": entry.get("digest", ""),
         "file": record.get("file", ""),
+        # a stand-in's winner (tune.py --stand-in), lent to its signature's untuned sizes: x copy at the other
+        # sizes it was weighed at
+        "x_copy_elsewhere": {size: t["x_copy"] for size, t in entry["stand_in"]["sizes"].items()}
+        if entry.get("stand_in") else None,
     }
 
 
@@ -45,7 +49,7 @@ def winner_row(w: Winner, frozen: bool) -> dict:
     measured = {"kernel_ms": r.kernel_ms, "copy_ms": r.copy_ms, "torch_ms": r.torch_ms, "x_copy": r.x_copy,
                 "speedup_vs_torch": r.speedup}
     row = entry_row({"key": v.problem.key, "kernel": v.name, "digest": v.digest, "problem": v.problem.to_dict(),
-                     "direction": v.direction, "measured": measured, "machine": w.machine})
+                     "direction": v.direction, "measured": measured, "machine": w.machine, "stand_in": w.stand_in})
     del row["file"]  # named by the freeze, not known here
     return {**row, "frozen": frozen}
 
@@ -62,16 +66,25 @@ def _cell(field: str, value) -> str:
         return f"{value:.4f}"
     if field in ("x_copy", "speedup_vs_torch"):
         return f"{value:.2f}x"
+    if field == "x_copy_elsewhere":
+        low, high = min(value.values()), max(value.values())
+        return f"{low:.2f}-{high:.2f}x"
     return str(value)
+
+
+# the column a table gains when a row is a stand-in's winner (its x copy at the other sizes, least to most)
+ELSEWHERE = ("x_copy_elsewhere", "other sizes")
 
 
 def table(rs: list[dict]) -> str:
     """Rows as aligned columns, numbers to the right."""
-    cells = [[heading for _, heading in COLUMNS]] + [[_cell(f, r[f]) for f, _ in COLUMNS] for r in rs]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    numeric = {"ms", "x_copy", "speedup_vs_torch"}
+    columns = COLUMNS + ((ELSEWHERE,) if any(r.get(ELSEWHERE[0]) for r in rs) else ())
+    cells = [[heading for _, heading in columns]] + [[_cell(f, r.get(f)) if f != ELSEWHERE[0] or r.get(f) else "-"
+                                                      for f, _ in columns] for r in rs]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    numeric = {"ms", "x_copy", "speedup_vs_torch", ELSEWHERE[0]}
     return "\n".join(
-        "  ".join(c.rjust(w) if f in numeric else c.ljust(w) for (f, _), c, w in zip(COLUMNS, row, widths, strict=True))
+        "  ".join(c.rjust(w) if f in numeric else c.ljust(w) for (f, _), c, w in zip(columns, row, widths, strict=True))
         .rstrip() for row in cells)
 
 

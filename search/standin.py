@@ -114,11 +114,13 @@ class OtherSizes:
     def __init__(self, problem: Problem, worker, log=print):
         self.problem, self.sizes, self.worker, self.log = problem, other_sizes(problem), worker, log
         self.relative: dict[str, list[float]] = {}
+        self.times: dict[str, dict[str, float]] = {}  # size -> its re-timing (ms, copy_ too) once all sizes ran
         self.died = False
 
     def __call__(self, cands: list[Candidate], rounds: int) -> dict[str, list[float]]:
         lendable = [c for c in cands if c.variant.family.sizes_at_run_time]
         self.relative = {c.variant.name: [math.inf] for c in lendable}
+        self.times = {}
         if not lendable:
             self.log(f"stand-in: no finalist's launch takes sizes at run time; {shape_text(self.problem)} decides alone")
             return self.relative
@@ -145,10 +147,20 @@ class OtherSizes:
             return self.relative
         finally:
             self.worker.switch(self.problem)
+        self.times = {shape_text(q): t for q, t in zip(self.sizes, timed, strict=True)}
         fastest = [min(t[c.variant.name] for c in passed) for t in timed]
         for c in passed:
             self.relative[c.variant.name] = [t[c.variant.name] / f for t, f in zip(timed, fastest, strict=True)]
         return self.relative
+
+    def evidence(self, name: str, score: float) -> dict | None:
+        """What the manifest records of a stand-in's winner (freeze.Winner.stand_in): its score (the geometric
+        mean of its time over the fastest's, stand-in's size included) and, at each other size, its time, copy_'s
+        and their ratio; None when it was not timed at every size."""
+        if not self.times or any(name not in t for t in self.times.values()):
+            return None
+        return {"score": score, "sizes": {size: {"kernel_ms": t[name], "copy_ms": t["copy_"],
+                                                 "x_copy": t[name] / t["copy_"]} for size, t in self.times.items()}}
 
     @property
     def timed(self) -> bool:

@@ -231,7 +231,7 @@ def tune_problem(problem: Problem, *, trials: int, timeout_s: float | None, samp
         f"{r.speedup:.2f}x faster than PyTorch ({r.torch_ms:.4f} ms)")
     if report_dir is not None:
         write_report(study, problem, report_dir, r, log)
-    return frz.Winner(v, r, machine)
+    return frz.Winner(v, r, machine, stand_in=others.evidence(v.name, score[v.name]) if score else None)
 
 
 def _baselines(worker, log, direction: str = "fwd") -> dict:

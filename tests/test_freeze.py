@@ -38,7 +38,7 @@ def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
     assert e["measured"] == {"kernel_ms": 0.27, "copy_ms": 0.26, "torch_ms": 1.27,
                              "x_copy": pytest.approx(1.0384615), "speedup_vs_torch": pytest.approx(4.7037037),
                              "max_rel_error": 1e-7, "reps": 50}
-    assert e["machine"] == MACHINE
+    assert e["machine"] == MACHINE and "stand_in" not in e  # tuned without --stand-in
     kernels = {k["name"]: k for k in m["kernels"]}
     assert (tmp_path / kernels[w.variant.name]["file"]).read_text() == render.render_variant(w.variant)
     for dtype, rec in m["generic"]["scalar"].items():
@@ -55,6 +55,19 @@ def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
     assert mod.MANIFEST == m and callable(mod.depthwise_conv1d)
     layers = importlib.import_module("frozen_a.layers")  # the layer calls its own package's op
     assert layers._functional() is mod.depthwise_conv1d
+
+
+def test_a_stand_ins_winner_records_what_it_was_weighed_on(tmp_path):
+    """tune.py --stand-in's evidence (its score and times at the other sizes) goes into the entry as given, and
+    the frozen module's manifest check takes it."""
+    from dwgen import frozen_dispatch
+
+    w = winner(Problem(4, 1536, 5000, kernel_size=3, stride=3), Config(threads=128, vec=4, outs=2, halo="l1"))
+    evidence = {"score": 1.014, "sizes": {"8x1536x3968": {"kernel_ms": 0.0484, "copy_ms": 0.0453, "x_copy": 1.068}}}
+    m = freeze.freeze([freeze.Winner(w.variant, w.result, MACHINE, stand_in=evidence)], tmp_path, log=lambda s: None)
+    (e,) = m["entries"]
+    assert e["stand_in"] == evidence
+    frozen_dispatch.check_manifest(json.loads((tmp_path / "manifest.json").read_text()))
 
 
 def test_freeze_merges_and_sorts_by_problem(tmp_path):

@@ -52,6 +52,20 @@ def test_table_has_every_column_and_entry(frozen):
                                "dw1d_any_f32 for the rest")
 
 
+def test_a_stand_ins_winner_shows_its_x_copy_at_the_other_sizes(frozen):
+    """tune.py --stand-in records what the lent kernel was weighed on; show gives its range, JSON each size."""
+    m = read_manifest(frozen)
+    m["entries"][0]["stand_in"] = {"score": 1.01, "sizes": {
+        "8x1536x3968": {"kernel_ms": 0.05, "copy_ms": 0.045, "x_copy": 1.111},
+        "2x1536x9984": {"kernel_ms": 0.034, "copy_ms": 0.0303, "x_copy": 1.122}}}
+    (frozen / "manifest.json").write_text(json.dumps(m))
+    lines = show.show(frozen).splitlines()
+    assert lines[0].split()[-2:] == ["other", "sizes"]
+    assert lines[1].split()[-1] == "1.11-1.12x" and lines[2].split()[-1] == "-"
+    (row,) = json.loads(show.show(frozen, "32x512x1024", as_json=True))
+    assert row["x_copy_elsewhere"] == {"8x1536x3968": 1.111, "2x1536x9984": 1.122}
+
+
 @pytest.mark.parametrize("query", ["32x512x8192_k3_s1_p1_d1_fp32_nobias", "32x512x8192", "dw1d_f32_k3_t128_v4_o2_l1"])
 def test_one_problem_by_key_start_or_kernel(frozen, query):
     rows = json.loads(show.show(frozen, query, as_json=True))

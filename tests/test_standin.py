@@ -240,7 +240,7 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path, monke
     here = fw.retimed[0][0]
     assert rc == 0 and fw.retimed[0][1] == STRIDED and w.result.kernel_ms == here[w.variant.name]
     if not stand_in:
-        assert len(fw.retimed) == 1 and w.variant.name == min(here, key=here.get)
+        assert len(fw.retimed) == 1 and w.variant.name == min(here, key=here.get) and w.stand_in is None
         return
     sizes = standin.other_sizes(STRIDED)
     assert [q for _, q in fw.retimed[1:]] == sizes and fw.problem == STRIDED  # switched back after
@@ -249,6 +249,11 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path, monke
     rel = {k: [t[k] / min(t.values()) for t, _ in fw.retimed[1:]] for k in fw.retimed[1][0]}
     score = standin.combined(here, rel)
     assert w.variant.name == min(score, key=score.get) != min(here, key=here.get)
+    # what the manifest will record of it: its score, and its time and x copy at each other size
+    assert w.stand_in["score"] == score[w.variant.name]
+    assert list(w.stand_in["sizes"]) == [standin.shape_text(q) for q in sizes]
+    for (there, _), t in zip(fw.retimed[1:], w.stand_in["sizes"].values(), strict=True):
+        assert t == {"kernel_ms": there[w.variant.name], "copy_ms": 1.0, "x_copy": there[w.variant.name]}
     assert any(s.startswith("stand-in: each finalist's time over the fastest's") and w.variant.name in s
                for s in lines)
 
