@@ -27,3 +27,6 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path):
         assert len(timed) == 1, "\n".join(lines)
         assert w.variant.name in timed[0] and re.search(r"copy_ \d", timed[0])
     assert any(s.startswith("stand-in: each finalist's time over the fastest's") for s in lines)
+    sizes = w.stand_in["sizes"]  # what the manifest records of it, from the real worker's re-timing
+    assert list(sizes) == [standin.shape_text(q) for q in standin.other_sizes(P)]
+    assert all(t["kernel_ms"] > 0 and t["x_copy"] == t["kernel_ms"] / t["copy_ms"] for t in sizes.values())
