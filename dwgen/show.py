@@ -36,8 +36,7 @@ def entry_row(entry: dict, kernels: dict[str, dict] | None = None) -> dict:
         "date": machine.get("date", ""),
         "digest": entry.get("digest", ""),
         "file": record.get("file", ""),
-        # a stand-in's winner (tune.py --stand-in), lent to its signature's untuned sizes: x copy at the other
-        # sizes it was weighed at
+        # a stand-in's winner (tune.py --stand-in): x copy at the other sizes it was weighed at
         "x_copy_elsewhere": {size: t["x_copy"] for size, t in entry["stand_in"]["sizes"].items()}
         if entry.get("stand_in") else None,
     }

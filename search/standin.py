@@ -58,23 +58,28 @@ def lent_reason(p: Problem) -> str | None:
     return None
 
 
-SIGNATURE = ("kernel_size", "stride", "dilation", "dtype", "layout", "activation")  # generated/'s lent tables' key
-
-
 def outranked_by(p: Problem, entries: list[dict], kernels: list[dict], direction: str = "fwd") -> str | None:
-    """The key of a larger tuned problem of p's signature whose kernel generated/ would lend instead of p's
-    (the lent tables take the largest whose launch takes sizes at run time), or None. `entries` and `kernels`
-    are a manifest's. A stand-in tune is then no test of what untuned sizes run: tune.py says so."""
-    lendable = {k["name"] for k in kernels if k.get("sizes_at_run_time")}
-    mine = tuple(getattr(p, f) for f in SIGNATURE)
-    size = p.batch * p.channels * p.length
-    larger = [e for e in entries
-              if e.get("direction", "fwd") == direction and e["kernel"] in lendable and e["key"] != p.key
-              and tuple(e["problem"].get(f, "none") for f in SIGNATURE) == mine
-              and e["problem"]["batch"] * e["problem"]["channels"] * e["problem"]["length"] > size]
-    if not larger:
-        return None
-    return max(larger, key=lambda e: e["problem"]["batch"] * e["problem"]["channels"] * e["problem"]["length"])["key"]
+    """The key of another tuned problem of p's signature whose kernel generated/ lends before p's, or None:
+    the frozen dispatcher's lent tables take, of a signature's usable entries whose launch takes sizes at run
+    time, the first by size (B * C * L, largest first) and then by key, so a tie can outrank p too. `entries`
+    and `kernels` are a manifest's. It does not ask which GPU an entry was measured on (one from another
+    architecture is not lent there). A stand-in tune is then no test of what untuned sizes run: tune.py says so."""
+    from dwgen import frozen_dispatch as fd  # imports torch: not at search.loop's import
+
+    def rank(problem: dict) -> tuple:
+        key = fd._entry_key(problem)
+        return (-key[0] * key[1] * key[2], key)
+
+    def signature(problem: dict) -> tuple:
+        return fd._signature(dict(zip(fd._KEY_FIELDS, fd._entry_key(problem), strict=True)))
+
+    lendable = {k["name"] for k in kernels if isinstance(k, dict) and k.get("sizes_at_run_time")}
+    mine = p.to_dict()
+    before = [e for e in entries
+              if fd._entry_problem(e) is None and e.get("direction", "fwd") == direction
+              and e["kernel"] in lendable and e.get("key") != p.key
+              and signature(e["problem"]) == signature(mine) and rank(e["problem"]) < rank(mine)]
+    return min(before, key=lambda e: rank(e["problem"]))["key"] if before else None
 
 
 def combined(here: dict[str, float], there: dict[str, list[float]]) -> dict[str, float]:
@@ -147,7 +152,8 @@ class OtherSizes:
             return self.relative
         finally:
             self.worker.switch(self.problem)
-        self.times = {shape_text(q): t for q, t in zip(self.sizes, timed, strict=True)}
+        if passed:  # else none passed everywhere, so none was timed at the other sizes: no evidence
+            self.times = {shape_text(q): t for q, t in zip(self.sizes, timed, strict=True)}
         fastest = [min(t[c.variant.name] for c in passed) for t in timed]
         for c in passed:
             self.relative[c.variant.name] = [t[c.variant.name] / f for t, f in zip(timed, fastest, strict=True)]

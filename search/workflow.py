@@ -91,8 +91,9 @@ def _warn_outranked(problems: list[Problem], out_dir: Path, direction: str, log=
     for p in problems:
         key = standin.outranked_by(p, m.get("entries", []), m.get("kernels", []), direction)
         if key:
-            log(f"stand-in: generated/ lends the kernel of {key}, the largest tuned problem of {p.key}'s "
-                "signature, to its untuned sizes: this tune does not change what they run")
+            log(f"stand-in: generated/ lends {key}'s kernel to the untuned sizes of {direction_key(p, direction)}'s "
+                "signature (the largest tuned problem's, the first by key on a tie): this tune does not change "
+                "what they run")
 
 
 def frozen_variant(problem: Problem, out_dir: Path, direction: str = "fwd") -> Variant | None:

@@ -59,7 +59,7 @@ def test_freeze_writes_verbatim_sources_and_manifest(tmp_path):
 
 def test_a_stand_ins_winner_records_what_it_was_weighed_on(tmp_path):
     """tune.py --stand-in's evidence (its score and times at the other sizes) goes into the entry as given, and
-    the frozen module's manifest check takes it."""
+    the frozen module's checks take the entry as any other."""
     from dwgen import frozen_dispatch
 
     w = winner(Problem(4, 1536, 5000, kernel_size=3, stride=3), Config(threads=128, vec=4, outs=2, halo="l1"))
@@ -67,7 +67,10 @@ def test_a_stand_ins_winner_records_what_it_was_weighed_on(tmp_path):
     m = freeze.freeze([freeze.Winner(w.variant, w.result, MACHINE, stand_in=evidence)], tmp_path, log=lambda s: None)
     (e,) = m["entries"]
     assert e["stand_in"] == evidence
-    frozen_dispatch.check_manifest(json.loads((tmp_path / "manifest.json").read_text()))
+    written = json.loads((tmp_path / "manifest.json").read_text())
+    frozen_dispatch.check_manifest(written)
+    t = frozen_dispatch._trusted(written, tmp_path, "9.0")  # dispatched and lent like any entry
+    assert list(t.tuned.values()) == [w.variant.name] and list(t.lent.values()) == [w.variant.name]
 
 
 def test_freeze_merges_and_sorts_by_problem(tmp_path):

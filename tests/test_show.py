@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dwgen import show
-from dwgen.freeze import read_manifest
+from dwgen.freeze import Winner, read_manifest
 from tests.conftest import ROOT
 from tune import main
 
@@ -149,7 +149,6 @@ def test_a_problems_forward_and_backward_entries(frozen_both):
 
 def test_a_backward_winner_row_says_so():
     from dwgen.families import bwd
-    from dwgen.freeze import Winner
     from dwgen.problem import Problem
     from dwgen.result import Result
     from dwgen.space import Variant
@@ -159,3 +158,18 @@ def test_a_backward_winner_row_says_so():
     row = show.winner_row(Winner(v, r, {"gpu": "NVIDIA H200", "date": "2026-12-02"}), frozen=True)
     assert (row["problem"], row["direction"], row["kernel"], row["x_copy"], row["frozen"]) == (
         "4x64x1000_k3_s1_p1_d1_fp32_bcl_nobias", "bwd", "dw1d_bwd_f32_k3_t128_o2", 2.0, True)
+
+
+def test_a_stand_ins_winner_row_carries_its_other_sizes():
+    """tune.py --json: a --stand-in winner's row has each other size's x copy, as `tune.py show --json` does."""
+    from dwgen.problem import Problem
+    from dwgen.result import Result
+    from dwgen.space import Variant, make_config
+
+    p = Problem(4, 1536, 5000, kernel_size=3, stride=3)
+    v = Variant(p, make_config(p, {"threads": 128, "vec": 4, "outs": 2, "halo": "l1"}))
+    r = Result(v.name, v.digest, "ok", kernel_ms=0.06, copy_ms=0.05, torch_ms=0.1)
+    evidence = {"score": 1.0, "sizes": {"8x1536x3968": {"kernel_ms": 0.05, "copy_ms": 0.045, "x_copy": 1.111}}}
+    row = show.winner_row(Winner(v, r, {"gpu": "NVIDIA H100"}, stand_in=evidence), frozen=False)
+    assert row["x_copy_elsewhere"] == {"8x1536x3968": 1.111}
+    assert show.winner_row(Winner(v, r, {"gpu": "NVIDIA H100"}), frozen=False)["x_copy_elsewhere"] is None

@@ -145,6 +145,18 @@ def test_every_check_comes_before_any_timing_and_fixed_size_kernels_are_left_out
     assert w.retimed == [(["a", "b"], q, 7) for q in sizes]  # as many rounds as at the stand-in's size
     assert w.switched == [*sizes, *sizes, STAND_IN] and w.problem == STAND_IN
     assert any("bad wrong at 16x768x2944" in s for s in lines)
+    # the evidence the manifest records: each size's own re-timing, none for a finalist not timed everywhere
+    assert weigh.evidence("a", 1.0) == {"score": 1.0, "sizes": {
+        standin.shape_text(q): {"kernel_ms": 0.50, "copy_ms": 0.05, "x_copy": pytest.approx(10.0)} for q in sizes}}
+    assert weigh.evidence("bad", 1.0) is None and weigh.evidence("lane", 1.0) is None
+
+
+def test_when_every_finalist_fails_somewhere_none_is_timed_and_nothing_is_recorded():
+    sizes = standin.other_sizes(STAND_IN)
+    w = FakeWorker(STAND_IN, wrong={("a", sizes[0]), ("b", sizes[2])}, times={"a": 0.5, "b": 0.6})
+    weigh = standin.OtherSizes(STAND_IN, w, lambda s: None)
+    assert weigh([cand("a"), cand("b")], 7) == {"a": [math.inf], "b": [math.inf]}
+    assert w.retimed == [] and weigh.times == {} and not weigh.timed and weigh.evidence("b", 1.0) is None
 
 
 @pytest.mark.parametrize("how", ["retime", "start"])
@@ -157,6 +169,7 @@ def test_a_worker_that_dies_weighing_gives_no_winner_and_ends_no_tune(tmp_path, 
     weigh = standin.OtherSizes(STAND_IN, w, lines.append)
     assert weigh([cand("a"), cand("lane", False)], 7) == {"a": [math.inf], "lane": [math.inf]}
     assert weigh.died and not weigh.timed and w.problem == STAND_IN and "died" in lines[-1]
+    assert weigh.times == {} and weigh.evidence("a", 1.0) is None
     known, ev, top = _finalists(tmp_path)
     assert loop.decide(known, FakeBuilder(), ev,
                        elsewhere=lambda cands, rounds: {c.variant.name: [math.inf] for c in cands}) is None
@@ -190,6 +203,11 @@ def _time(variant, problem) -> float:
 STRIDED = Problem(4, 64, 1024, kernel_size=3, stride=2, padding=1)
 
 
+def _copy(problem) -> float:
+    """copy_'s fake time: its own at each size, so that a figure taken at the wrong size shows."""
+    return problem.batch * problem.channels * problem.length / 2**18
+
+
 class FakeFwdWorker(FakeWorker):
     """What tune_problem asks of GpuWorker, with _time's sizes."""
 
@@ -215,7 +233,7 @@ class FakeFwdWorker(FakeWorker):
 
     def retime(self, cands, rounds):
         self.retimed.append(({c.variant.name: _time(c.variant, self.problem) for c in cands}, self.problem))
-        return {"copy_": 1.0, "torch": 6.0, **self.retimed[-1][0]}
+        return {"copy_": _copy(self.problem), "torch": 6.0, **self.retimed[-1][0]}
 
     def close(self) -> None:
         pass
@@ -252,8 +270,8 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path, monke
     # what the manifest will record of it: its score, and its time and x copy at each other size
     assert w.stand_in["score"] == score[w.variant.name]
     assert list(w.stand_in["sizes"]) == [standin.shape_text(q) for q in sizes]
-    for (there, _), t in zip(fw.retimed[1:], w.stand_in["sizes"].values(), strict=True):
-        assert t == {"kernel_ms": there[w.variant.name], "copy_ms": 1.0, "x_copy": there[w.variant.name]}
+    for (there, q), t in zip(fw.retimed[1:], w.stand_in["sizes"].values(), strict=True):
+        assert t == {"kernel_ms": there[w.variant.name], "copy_ms": _copy(q), "x_copy": there[w.variant.name] / _copy(q)}
     assert any(s.startswith("stand-in: each finalist's time over the fastest's") and w.variant.name in s
                for s in lines)
 
@@ -268,27 +286,42 @@ def test_the_search_loop_imports_no_torch():
 
 
 def _entry(p: Problem, kernel: str, direction: str = "fwd") -> dict:
-    fields = ("batch", "channels", "length", "kernel_size", "stride", "dilation", "dtype", "layout", "activation")
-    return {"key": p.key, "kernel": kernel, "direction": direction, "problem": {f: getattr(p, f) for f in fields}}
+    return {"key": p.key, "kernel": kernel, "direction": direction, "problem": p.to_dict(),
+            "machine": {"capability": "9.0"}}
 
 
-def test_a_larger_tuned_problem_of_the_signature_outranks_the_stand_in():
-    """generated/ lends the largest tuned problem's kernel (whose launch takes sizes at run time): a stand-in
-    tune of a smaller one is then no test of what untuned sizes run."""
-    from dwgen import frozen_dispatch
+def _lent_by_dispatcher(entries: list[dict], kernels: list[dict]) -> dict:
+    """What the frozen dispatcher's own rule lends each signature (frozen_dispatch._lent_tables)."""
+    from dwgen import frozen_dispatch as fd
 
-    assert standin.SIGNATURE == frozen_dispatch._SIGNATURE_FIELDS
-    big, bigger = Problem(8, 64, 1024, kernel_size=3, stride=2, padding=1), Problem(8, 64, 4096, kernel_size=3, stride=2)
-    kernels = [{"name": "a", "sizes_at_run_time": True}, {"name": "b", "sizes_at_run_time": True},
-               {"name": "fixed", "sizes_at_run_time": False}]
-    entries = [_entry(big, "a"), _entry(bigger, "b")]
-    assert standin.outranked_by(STRIDED, entries, kernels) == bigger.key
-    assert standin.outranked_by(STRIDED, entries, kernels, direction="bwd") is None
-    assert standin.outranked_by(bigger, entries, kernels) is None  # the largest itself
-    assert standin.outranked_by(STRIDED, [_entry(bigger, "fixed")], kernels) is None  # not lent
-    other = [_entry(Problem(8, 64, 4096, kernel_size=3, stride=2, dtype="bf16"), "b"),
-             _entry(Problem(8, 64, 4096, kernel_size=5, stride=2), "b")]
-    assert standin.outranked_by(STRIDED, other, kernels) is None  # another signature
+    t = fd.Tables(kernels={k["name"]: (i, k) for i, k in enumerate(kernels)})
+    for e in entries:
+        (t.tuned if e["direction"] == "fwd" else t.tuned_bwd)[fd._entry_key(e["problem"])] = e["kernel"]
+    fd._lent_tables(t)
+    return t.lent
+
+
+def test_the_stand_in_is_outranked_exactly_where_the_dispatcher_lends_another_kernel():
+    """generated/ lends the kernel of the largest tuned problem of a signature whose launch takes sizes at run
+    time (the first by key on a tie): a stand-in tune of another one is then no test of what untuned sizes run."""
+    kernels = [{"name": n, "sizes_at_run_time": n != "fixed"} for n in ("a", "b", "c", "d", "e", "fixed")]
+    s2 = dict(kernel_size=3, stride=2)
+    bigger, tie_first = Problem(8, 64, 4096, **s2), Problem(4, 64, 1024, padding=0, **s2)
+    entries = [_entry(Problem(8, 64, 1024, padding=1, **s2), "a"), _entry(bigger, "b"),
+               _entry(Problem(16, 32, 4096, **s2), "c"),  # as large as `bigger`, after it by key
+               _entry(Problem(64, 64, 4096, **s2), "fixed"),  # larger, but not lent
+               _entry(Problem(64, 64, 4096, kernel_size=5, stride=2), "d")]  # another signature
+    cases = [(STRIDED, entries, bigger.key), (bigger, entries, None), (Problem(16, 32, 4096, **s2), entries, bigger.key),
+             (STRIDED, entries[2:], Problem(16, 32, 4096, **s2).key), (STRIDED, [_entry(tie_first, "e")], tie_first.key),
+             (STRIDED, [_entry(Problem(64, 64, 4096, **s2), "fixed")], None),
+             (STRIDED, [_entry(bigger, "b", direction="bwd")], None)]
+    for p, es, want in cases:
+        assert standin.outranked_by(p, es, kernels) == want, (p.key, want)
+        lent = _lent_by_dispatcher([*es, _entry(p, "mine")], [*kernels, {"name": "mine", "sizes_at_run_time": True}])
+        signature = next(iter(k for k in lent if k[:3] == (p.kernel_size, p.stride, p.dilation)), None)
+        named = {e["key"]: e["kernel"] for e in es}
+        assert lent[signature] == (named[want] if want else "mine"), (p.key, lent)
+    assert standin.outranked_by(STRIDED, [{"key": "x", "kernel": "b"}, {"problem": {}}], kernels) is None  # malformed
 
 
 def test_the_tune_says_when_a_larger_tuned_problem_is_lent_instead(tmp_path, monkeypatch):
