@@ -83,8 +83,8 @@ def _frozen_entry(problem: Problem, out_dir: Path, direction: str = "fwd", retir
 
 
 def _warn_outranked(problems: list[Problem], out_dir: Path, direction: str, log=print) -> None:
-    """A stand-in whose signature has a larger tuned problem in generated/ is not what untuned sizes run (the
-    larger one's kernel is lent): say so before the search, so that nobody reads its tune as a test of lending."""
+    """A stand-in whose signature generated/ lends another tuned problem's kernel for (standin.outranked_by) is
+    not what untuned sizes run: say so before the search, so that nobody reads its tune as a test of lending."""
     m = frz.read_manifest(out_dir)
     if m.get("schema") != frz.SCHEMA:
         return
