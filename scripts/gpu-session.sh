@@ -69,6 +69,17 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
 fi
+# The steps that run the search need optuna, which the GPU host lacks unless `.whl` came along: stop here in one
+# line rather than after the steps before them (the fifty-second session lost a call's tune to a missing carry).
+for step in "$@"; do
+  case $step in
+    tune|tunecheck|tunebwd|generic|suite|suitebwd|exhaustive|tunefile|tests|gputests|kerneltests|bwdtests)
+      python3 -c 'import optuna' 2>/dev/null || {
+        echo "gpu-session.sh: step $step needs optuna, which is not importable here: carry .whl (made by bash ../shared/gpu/wheels.sh .whl)" >&2
+        exit 2; }
+      break ;;
+  esac
+done
 if [ -f runs/build.tgz ]; then
   tar xzf runs/build.tgz -C runs && rm runs/build.tgz && echo "unpacked $(ls runs/build | wc -l) compiled candidates into runs/build" \
     || echo "runs/build.tgz: unpack failed; the search compiles its candidates here" >&2
