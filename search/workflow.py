@@ -366,10 +366,14 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
         if w is not None:
             winners.append(w)
     log("")
-    log(f"{'problem':44s} {'winner':40s} {'ms':>9s} {'x copy':>7s} {'vs torch':>8s}")
+    elsewhere = any(w.stand_in for w in winners)  # --stand-in: each winner's x copy at the other sizes too
+    log(f"{'problem':44s} {'winner':40s} {'ms':>9s} {'x copy':>7s} {'vs torch':>8s}"
+        + (f" {'other sizes':>12s}" if elsewhere else ""))
     for w in winners:
         r, key = w.result, direction_key(w.variant.problem, w.variant.direction)
-        log(f"{key:44s} {w.variant.name:40s} {r.kernel_ms:9.4f} {r.x_copy:7.3f} {r.speedup:7.2f}x")
+        xs = [t["x_copy"] for t in w.stand_in["sizes"].values()] if w.stand_in else []
+        log(f"{key:44s} {w.variant.name:40s} {r.kernel_ms:9.4f} {r.x_copy:7.3f} {r.speedup:7.2f}x"
+            + (f" {f'{min(xs):.3f}-{max(xs):.3f}' if xs else '-':>12s}" if elsewhere else ""))
     if freeze and winners:
         freeze_gated(winners, out_dir, log=log)
         log(f"froze {len(winners)} winner(s) into {out_dir}")

@@ -259,6 +259,7 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path, monke
     assert rc == 0 and fw.retimed[0][1] == STRIDED and w.result.kernel_ms == here[w.variant.name]
     if not stand_in:
         assert len(fw.retimed) == 1 and w.variant.name == min(here, key=here.get) and w.stand_in is None
+        assert lines[-2].endswith("vs torch")  # the winners' table as before
         return
     sizes = standin.other_sizes(STRIDED)
     assert [q for _, q in fw.retimed[1:]] == sizes and fw.problem == STRIDED  # switched back after
@@ -274,6 +275,9 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path, monke
         assert t == {"kernel_ms": there[w.variant.name], "copy_ms": _copy(q), "x_copy": there[w.variant.name] / _copy(q)}
     assert any(s.startswith("stand-in: each finalist's time over the fastest's") and w.variant.name in s
                for s in lines)
+    head, row = lines[-2:]  # the winners' table: x copy at the other sizes, least to most
+    xs = [t["x_copy"] for t in w.stand_in["sizes"].values()]
+    assert head.endswith("other sizes") and row.split()[-1] == f"{min(xs):.3f}-{max(xs):.3f}"
 
 
 def test_the_search_loop_imports_no_torch():
