@@ -81,7 +81,8 @@ for step in "$@"; do
   esac
 done
 if [ -f runs/build.tgz ]; then
-  tar xzf runs/build.tgz -C runs && rm runs/build.tgz && echo "unpacked $(ls runs/build | wc -l) compiled candidates into runs/build" \
+  # kept after: run on the working machine, the archive is the only copy (unpacking again is harmless)
+  tar xzf runs/build.tgz -C runs && echo "unpacked $(ls runs/build | wc -l) compiled candidates into runs/build" \
     || echo "runs/build.tgz: unpack failed; the search compiles its candidates here" >&2
 fi
 SEED_ARGS=()
