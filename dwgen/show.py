@@ -36,10 +36,17 @@ def entry_row(entry: dict, kernels: dict[str, dict] | None = None) -> dict:
         "date": machine.get("date", ""),
         "digest": entry.get("digest", ""),
         "file": record.get("file", ""),
-        # a stand-in's winner (tune.py --stand-in): x copy at the other sizes it was weighed at
-        "x_copy_elsewhere": {size: t["x_copy"] for size, t in entry["stand_in"]["sizes"].items()}
-        if entry.get("stand_in") else None,
+        "x_copy_elsewhere": _elsewhere(entry.get("stand_in")),
     }
+
+
+def _elsewhere(stand_in) -> dict | None:
+    """A stand-in's winner (tune.py --stand-in): its x copy at each other size it was weighed at; None for any
+    other entry (or a record that is not of that form: show reads what it can)."""
+    sizes = stand_in.get("sizes") if isinstance(stand_in, dict) else None
+    xs = {size: t["x_copy"] for size, t in sizes.items()
+          if isinstance(t, dict) and type(t.get("x_copy")) in (int, float)} if isinstance(sizes, dict) else {}
+    return xs or None
 
 
 def winner_row(w: Winner, frozen: bool) -> dict:

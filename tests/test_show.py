@@ -64,6 +64,10 @@ def test_a_stand_ins_winner_shows_its_x_copy_at_the_other_sizes(frozen):
     assert lines[1].split()[-1] == "1.11-1.12x" and lines[2].split()[-1] == "-"
     (row,) = json.loads(show.show(frozen, "32x512x1024", as_json=True))
     assert row["x_copy_elsewhere"] == {"8x1536x3968": 1.111, "2x1536x9984": 1.122}
+    for bad in ({"score": 1.0}, {"sizes": {"8x1536x3968": {}}}, "x"):  # hand-edited: read what can be, no traceback
+        m["entries"][0]["stand_in"] = bad
+        (frozen / "manifest.json").write_text(json.dumps(m))
+        assert "other sizes" not in show.show(frozen)
 
 
 @pytest.mark.parametrize("query", ["32x512x8192_k3_s1_p1_d1_fp32_nobias", "32x512x8192", "dw1d_f32_k3_t128_v4_o2_l1"])
