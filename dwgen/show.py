@@ -40,6 +40,12 @@ def entry_row(entry: dict, kernels: dict[str, dict] | None = None) -> dict:
     }
 
 
+def range_text(values, digits: int = 2) -> str:
+    """Least to most of some figures, as "1.05-1.12" (a stand-in's x copy at its other sizes)."""
+    values = list(values)
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+
 def _elsewhere(stand_in) -> dict | None:
     """A stand-in's winner (tune.py --stand-in): its x copy at each other size it was weighed at; None for any
     other entry (or a record that is not of that form: show reads what it can)."""
@@ -73,8 +79,7 @@ def _cell(field: str, value) -> str:
     if field in ("x_copy", "speedup_vs_torch"):
         return f"{value:.2f}x"
     if field == "x_copy_elsewhere":
-        low, high = min(value.values()), max(value.values())
-        return f"{low:.2f}-{high:.2f}x"
+        return range_text(value.values()) + "x"
     return str(value)
 
 

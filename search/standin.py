@@ -75,10 +75,11 @@ def outranked_by(p: Problem, entries: list[dict], kernels: list[dict], direction
 
     lendable = {k["name"] for k in kernels if isinstance(k, dict) and k.get("sizes_at_run_time")}
     mine = p.to_dict()
+    my_signature, my_rank = signature(mine), rank(mine)
     before = [e for e in entries
               if fd._entry_problem(e) is None and e.get("direction", "fwd") == direction
               and e["kernel"] in lendable and e.get("key") != p.key
-              and signature(e["problem"]) == signature(mine) and rank(e["problem"]) < rank(mine)]
+              and signature(e["problem"]) == my_signature and rank(e["problem"]) < my_rank]
     return min(before, key=lambda e: rank(e["problem"]))["key"] if before else None
 
 

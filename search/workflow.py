@@ -16,6 +16,7 @@ from dwgen import freeze as frz
 from dwgen import render
 from dwgen.problem import Problem
 from dwgen.progress import Progress
+from dwgen.show import range_text
 from dwgen.space import Variant, direction_key, family_of_config, make_config, violations
 from dwgen.worker import RUN_TIMEOUT_S
 from search import loop, standin
@@ -371,9 +372,9 @@ def tune(problems: list[Problem], *, trials: int, timeout_s: float | None, sampl
         + (f" {'other sizes':>12s}" if elsewhere else ""))
     for w in winners:
         r, key = w.result, direction_key(w.variant.problem, w.variant.direction)
-        xs = [t["x_copy"] for t in w.stand_in["sizes"].values()] if w.stand_in else []
+        xs = range_text((t["x_copy"] for t in w.stand_in["sizes"].values()), 3) if w.stand_in else "-"
         log(f"{key:44s} {w.variant.name:40s} {r.kernel_ms:9.4f} {r.x_copy:7.3f} {r.speedup:7.2f}x"
-            + (f" {f'{min(xs):.3f}-{max(xs):.3f}' if xs else '-':>12s}" if elsewhere else ""))
+            + (f" {xs:>12s}" if elsewhere else ""))
     if freeze and winners:
         freeze_gated(winners, out_dir, log=log)
         log(f"froze {len(winners)} winner(s) into {out_dir}")
