@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from dwgen.freeze import Winner, read_manifest
+from dwgen.freeze import Winner, entry_direction, read_manifest
+from dwgen.problem import Problem, ProblemError
+from dwgen.recording import suite_line
 
 # (row field, table heading); the JSON rows carry these fields and a few more.
 COLUMNS = (("problem", "problem"), ("dtype", "dtype"), ("layout", "layout"), ("direction", "direction"),
@@ -64,11 +67,6 @@ def winner_row(w: Winner, frozen: bool) -> dict:
                      "direction": v.direction, "measured": measured, "machine": w.machine, "stand_in": w.stand_in})
     del row["file"]  # named by the freeze, not known here
     return {**row, "frozen": frozen}
-
-
-def rows(manifest: dict) -> list[dict]:
-    kernels = {k["name"]: k for k in manifest.get("kernels", [])}
-    return [entry_row(e, kernels) for e in manifest.get("entries", [])]
 
 
 def _cell(field: str, value) -> str:
@@ -144,15 +142,72 @@ def source(out_dir: Path, row: dict) -> str:
     return path.read_text()
 
 
-def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, as_json: bool = False) -> str:
-    """What `tune.py show` prints: the table (or JSON) of generated/, one problem's row, or its source."""
+@dataclass(frozen=True)
+class Only:
+    """Which entries `tune.py show` keeps: measured on a GPU whose name lacks `not_on` (an entry that names no GPU
+    counts as measured elsewhere), of one direction, stand-ins' winners (tune.py --stand-in) or the others; None
+    keeps every entry on that count."""
+
+    not_on: str | None = None
+    direction: str | None = None
+    stand_ins: bool | None = None
+
+    def keeps(self, e: dict) -> bool:
+        gpu = str(e.get("machine", {}).get("gpu", ""))
+        return ((self.not_on is None or self.not_on.lower() not in gpu.lower())
+                and (self.direction is None or entry_direction(e) == self.direction)
+                and (self.stand_ins is None or is_stand_in(e) == self.stand_ins))
+
+
+def is_stand_in(e: dict) -> bool:
+    """Whether a tune under --stand-in froze this entry (it records the other sizes it was weighed at)."""
+    return isinstance(e.get("stand_in"), dict)
+
+
+def suite_text(entries: list[dict], out_dir: Path) -> str:
+    """Entries as a suite file that re-tunes them (tune.py --suite FILE, with the flags its first line names): one
+    problem a line, its kernel and where it was measured after it. A tune runs one direction, and --stand-in holds
+    for all its problems, so the entries must agree on both."""
+    if not entries:
+        return f"# no tuned problem of {out_dir} matches"
+    directions = sorted({entry_direction(e) for e in entries})
+    if len(directions) > 1:
+        raise ShowError(f"these entries hold {' and '.join(directions)} kernels and a tune runs one direction: "
+                        "add --direction fwd or --direction bwd")
+    stand = sum(map(is_stand_in, entries))
+    if 0 < stand < len(entries):
+        raise ShowError(f"{stand} of these {len(entries)} entries are stand-ins' winners (re-tuned with --stand-in) and "
+                        "the others are not: add --stand-ins or --no-stand-ins")
+    flags = ("" if directions == ["fwd"] else f" --direction {directions[0]}") + (" --stand-in" if stand else "")
+    lines = [f"# {len(entries)} problem(s) of {out_dir}; re-tune them with: python tune.py --suite FILE{flags}"]
+    for e in entries:
+        try:
+            line = suite_line(Problem(**e["problem"]))
+        except (TypeError, ValueError, ProblemError) as err:  # a hand-edited or very old record
+            raise ShowError(f"{e.get('key')}: its problem record cannot be written as tune.py flags ({err})") from None
+        machine = e.get("machine", {})
+        lines.append(f"{line}  # {e.get('kernel')}, {machine.get('gpu') or 'no GPU named'} {machine.get('date', '')}"
+                     .rstrip())
+    return "\n".join(lines)
+
+
+def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, as_json: bool = False,
+         only: Only = Only(), as_suite: bool = False) -> str:
+    """What `tune.py show` prints: the table (or JSON) of generated/, one problem's row, or its source; the entries
+    `only` keeps, or those as a suite file that re-tunes them."""
     manifest = read_manifest(out_dir)
     if not manifest:
         raise ShowError(f"no manifest.json in {out_dir}: nothing is frozen there (tune.py freezes winners)")
     if with_source and query is None:
         raise ShowError("--source needs a problem: `tune.py show PROBLEM --source`")
+    if as_suite and (with_source or as_json):
+        raise ShowError("--suite prints problem flags: leave out --source and --json")
+    entries = [e for e in (find(manifest, query) if query is not None else manifest.get("entries", []))
+               if only.keeps(e)]
+    if as_suite:
+        return suite_text(entries, out_dir)
     kernels = {k["name"]: k for k in manifest.get("kernels", [])}
-    rs = [entry_row(e, kernels) for e in find(manifest, query)] if query is not None else rows(manifest)
+    rs = [entry_row(e, kernels) for e in entries]
     if with_source:
         for r in rs:
             r["source"] = source(out_dir, r)
@@ -160,6 +215,8 @@ def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, 
         return json.dumps(rs, indent=2)
     if with_source:  # a problem's forward kernel, then its backward one (each source names itself first)
         return "\n\n".join(r["source"].rstrip("\n") for r in rs)
+    if not rs and only != Only():
+        return f"no tuned problem of {out_dir} matches those filters"
     if not rs:
         return f"{out_dir} holds no tuned problem yet; {generic_note(manifest)}"
     return table(rs) + ("" if query else f"\n{generic_note(manifest)}")

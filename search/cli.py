@@ -84,6 +84,13 @@ def parse_show_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--source", action="store_true", help="print the problem's frozen CUDA kernel")
     ap.add_argument("--json", action="store_true", help="print the rows (and --source text) as JSON")
     ap.add_argument("--out", type=Path, default=ROOT / "generated", help="the frozen module to read (tune's --out)")
+    ap.add_argument("--not-on", metavar="GPU", help="only entries measured on a GPU whose name does not hold GPU "
+                    "(any case), e.g. --not-on H200 on an H200 host: the ones to re-tune there")
+    ap.add_argument("--direction", choices=("fwd", "bwd"), help="only the forward or the backward entries")
+    ap.add_argument("--stand-ins", action=argparse.BooleanOptionalAction, default=None,
+                    help="only the stand-ins' winners (entries that record a tune.py --stand-in tune), or only the others")
+    ap.add_argument("--suite", action="store_true", help="print the entries as a suite file for tune.py --suite "
+                    "(its first line says which flags go with it): all of one direction, stand-ins or not")
     return ap.parse_args(argv)
 
 
@@ -91,8 +98,9 @@ def show(argv: list[str]) -> int:
     from dwgen import show as frozen
 
     a = parse_show_args(argv)
+    only = frozen.Only(not_on=a.not_on, direction=a.direction, stand_ins=a.stand_ins)
     try:
-        print(frozen.show(a.out, a.problem, with_source=a.source, as_json=a.json))
+        print(frozen.show(a.out, a.problem, with_source=a.source, as_json=a.json, only=only, as_suite=a.suite))
     except frozen.ShowError as e:
         print(f"tune.py show: {e}", file=sys.stderr)
         return 2

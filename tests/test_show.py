@@ -7,6 +7,7 @@ import pytest
 
 from dwgen import show
 from dwgen.freeze import Winner, read_manifest
+from dwgen.problem import Problem
 from tests.conftest import ROOT
 from tune import main
 
@@ -177,3 +178,100 @@ def test_a_stand_ins_winner_row_carries_its_other_sizes():
     row = show.winner_row(Winner(v, r, {"gpu": "NVIDIA H100"}, stand_in=evidence), frozen=False)
     assert row["x_copy_elsewhere"] == {"8x1536x3968": 1.111}
     assert show.winner_row(Winner(v, r, {"gpu": "NVIDIA H100"}), frozen=False)["x_copy_elsewhere"] is None
+
+
+@pytest.fixture
+def frozen_mixed(frozen_both):
+    """The module of frozen_both with its first entry a stand-in's winner measured on an H100 (the record
+    tune.py --stand-in writes) and its backward entry measured on a GPU nobody named."""
+    m = read_manifest(frozen_both)
+    m["entries"][0]["problem"].update(kernel_size=31, padding=15, padding_right=15, layout="blc", dtype="fp16")
+    m["entries"][0]["machine"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    m["entries"][0]["stand_in"] = {"score": 1.0, "sizes": {"8x1536x3968": {"x_copy": 1.1}}}
+    m["entries"][1]["problem"].update(kernel_size=4, padding=3, padding_right=0, activation="silu", bias=True)
+    del m["entries"][1]["problem"]["direction"]  # the fixture's old-style record; a manifest's problem has none
+    del m["entries"][2]["machine"]
+    (frozen_both / "manifest.json").write_text(json.dumps(m))
+    return frozen_both
+
+
+def kept(out, **only) -> list[tuple[str, str]]:
+    return [(r["problem"], r["direction"]) for r in json.loads(show.show(out, as_json=True, only=show.Only(**only)))]
+
+
+def test_filters_keep_entries_measured_elsewhere_of_one_direction_stand_ins_or_not(frozen_mixed):
+    k31, k3 = "32x512x1024_k31_s1_p15_d1_fp32_nobias", "32x512x8192_k3_s1_p1_d1_fp32_nobias"
+    assert kept(frozen_mixed, not_on="h200") == [(k31, "fwd"), (k3, "bwd")]  # any case; no GPU named: elsewhere
+    assert kept(frozen_mixed, not_on="H100") == [(k3, "fwd"), (k3, "bwd")]
+    assert kept(frozen_mixed, direction="bwd") == [(k3, "bwd")]
+    assert kept(frozen_mixed, stand_ins=True) == [(k31, "fwd")]
+    assert kept(frozen_mixed, stand_ins=False, direction="fwd") == [(k3, "fwd")]
+    assert kept(frozen_mixed, not_on="NVIDIA") == [(k3, "bwd")] and kept(frozen_mixed, not_on="H2", stand_ins=False,
+                                                                      direction="fwd") == []
+    assert show.show(frozen_mixed, only=show.Only(not_on="NVIDIA", direction="fwd")).startswith("no tuned problem")
+    assert json.loads(show.show(frozen_mixed, as_json=True, only=show.Only(not_on="NVIDIA", direction="fwd"))) == []
+    assert [r["direction"] for r in json.loads(show.show(frozen_mixed, "32x512x8192", as_json=True,
+                                                         only=show.Only(direction="bwd")))] == ["bwd"]
+
+
+def test_suite_lines_read_back_as_the_entries_problems(frozen_mixed, tmp_path):
+    """What --suite prints is a suite file tune.py reads: the same problems, the flags to tune them with first."""
+    from dwgen.suite import read_suite
+
+    m = read_manifest(frozen_mixed)
+    text = show.show(frozen_mixed, only=show.Only(stand_ins=False, direction="fwd"), as_suite=True)
+    assert text.splitlines()[0].endswith("re-tune them with: python tune.py --suite FILE")
+    (tmp_path / "s.txt").write_text(text + "\n")
+    (p,) = read_suite(tmp_path / "s.txt")
+    assert p == Problem(**m["entries"][1]["problem"]) and p.activation == "silu" and p.padding_arg == "causal"
+    assert "# dw1d_f32_k3_t128_v4_o2_l1, NVIDIA H200 2026-11-30" in text
+    stand = show.show(frozen_mixed, only=show.Only(stand_ins=True), as_suite=True)
+    assert stand.splitlines()[0].endswith("--suite FILE --stand-in") and "--layout blc" in stand
+    bwd = show.show(frozen_mixed, only=show.Only(direction="bwd"), as_suite=True)
+    assert bwd.splitlines()[0].endswith("--suite FILE --direction bwd") and bwd.endswith("no GPU named")
+    assert show.show(frozen_mixed, only=show.Only(not_on="NVIDIA", direction="fwd"), as_suite=True).startswith(
+        "# no tuned problem")
+
+
+@pytest.mark.parametrize("only, msg", [
+    (dict(), "hold bwd and fwd kernels and a tune runs one direction: add --direction fwd or --direction bwd"),
+    (dict(direction="fwd"), "1 of these 2 entries are stand-ins' winners .* add --stand-ins or --no-stand-ins")])
+def test_suite_refuses_what_one_tune_cannot_run(frozen_mixed, only, msg):
+    with pytest.raises(show.ShowError, match=msg):
+        show.show(frozen_mixed, only=show.Only(**only), as_suite=True)
+
+
+def test_suite_refuses_json_source_and_records_it_cannot_write(frozen_mixed):
+    with pytest.raises(show.ShowError, match="--suite prints problem flags: leave out --source and --json"):
+        show.show(frozen_mixed, as_json=True, as_suite=True)
+    m = read_manifest(frozen_mixed)
+    m["entries"][1]["problem"]["kernel_size"] = "three"
+    (frozen_mixed / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(show.ShowError, match="32x512x8192_k3_s1_p1_d1_fp32_nobias: its problem record cannot be "
+                                             "written as tune.py flags"):
+        show.show(frozen_mixed, only=show.Only(direction="fwd", stand_ins=False), as_suite=True)
+
+
+def test_tune_py_show_filters_and_suite(frozen_mixed, capsys):
+    assert main(["show", "--not-on", "H200", "--direction", "fwd", "--suite", "--out", str(frozen_mixed)]) == 0
+    out = capsys.readouterr().out
+    assert "--stand-in" in out.splitlines()[0] and "--kernel-size 31" in out
+    assert main(["show", "--no-stand-ins", "--out", str(frozen_mixed)]) == 0
+    assert "32x512x1024" not in capsys.readouterr().out
+    assert main(["show", "--suite", "--out", str(frozen_mixed)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tune.py show: these entries hold") and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as exit_:
+        main(["show", "--direction", "sideways", "--out", str(frozen_mixed)])
+    assert exit_.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_committed_modules_entries_from_other_gpus_make_suite_files():
+    """Every entry of generated/ can be written back as tune.py flags (what a re-tune on another GPU reads)."""
+    m = read_manifest(ROOT / "generated")
+    for direction in ("fwd", "bwd"):
+        for stand_ins in (True, False):
+            text = show.show(ROOT / "generated", only=show.Only(direction=direction, stand_ins=stand_ins), as_suite=True)
+            n = sum(1 for e in m["entries"] if e.get("direction", "fwd") == direction
+                    and show.is_stand_in(e) == stand_ins)
+            assert len([line for line in text.splitlines() if line.startswith("--shape")]) == n
