@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dwgen.freeze import Winner, entry_direction, read_manifest
+from dwgen.freeze import Winner, read_manifest
 from dwgen.problem import Problem, ProblemError
 from dwgen.recording import suite_line
 
@@ -22,13 +22,13 @@ class ShowError(RuntimeError):
 def entry_row(entry: dict, kernels: dict[str, dict] | None = None) -> dict:
     """One manifest entry as a flat row. Manifests written before layout and direction were fields
     hold only (B, C, L) forward kernels, hence those defaults."""
-    p, m, machine = entry["problem"], entry.get("measured", {}), entry.get("machine", {})
+    p, m, machine = entry["problem"], entry.get("measured") or {}, entry.get("machine") or {}
     record = (kernels or {}).get(entry["kernel"], {})
     return {
         "problem": entry["key"],
         "dtype": entry.get("dtype", p.get("dtype", "fp32")),
         "layout": entry.get("layout", p.get("layout", "bcl")),
-        "direction": entry.get("direction", p.get("direction", "fwd")),
+        "direction": row_direction(entry),
         "kernel": entry["kernel"],
         "ms": m.get("kernel_ms"),
         "x_copy": m.get("x_copy"),
@@ -41,6 +41,13 @@ def entry_row(entry: dict, kernels: dict[str, dict] | None = None) -> dict:
         "file": record.get("file", ""),
         "x_copy_elsewhere": _elsewhere(entry.get("stand_in")),
     }
+
+
+def row_direction(entry: dict) -> str:
+    """The direction a row shows and the filters ask: the entry's, else (manifests older than the field) its
+    problem record's, else fwd."""
+    problem = entry.get("problem")
+    return entry.get("direction", problem.get("direction", "fwd") if isinstance(problem, dict) else "fwd")
 
 
 def range_text(values, digits: int = 2) -> str:
@@ -153,9 +160,9 @@ class Only:
     stand_ins: bool | None = None
 
     def keeps(self, e: dict) -> bool:
-        gpu = str(e.get("machine", {}).get("gpu", ""))
+        gpu = str((e.get("machine") or {}).get("gpu", ""))
         return ((self.not_on is None or self.not_on.lower() not in gpu.lower())
-                and (self.direction is None or entry_direction(e) == self.direction)
+                and (self.direction is None or row_direction(e) == self.direction)
                 and (self.stand_ins is None or is_stand_in(e) == self.stand_ins))
 
 
@@ -170,7 +177,7 @@ def suite_text(entries: list[dict], out_dir: Path) -> str:
     for all its problems, so the entries must agree on both."""
     if not entries:
         return f"# no tuned problem of {out_dir} matches"
-    directions = sorted({entry_direction(e) for e in entries})
+    directions = sorted({row_direction(e) for e in entries})
     if len(directions) > 1:
         raise ShowError(f"these entries hold {' and '.join(directions)} kernels and a tune runs one direction: "
                         "add --direction fwd or --direction bwd")
@@ -178,14 +185,16 @@ def suite_text(entries: list[dict], out_dir: Path) -> str:
     if 0 < stand < len(entries):
         raise ShowError(f"{stand} of these {len(entries)} entries are stand-ins' winners (re-tuned with --stand-in) and "
                         "the others are not: add --stand-ins or --no-stand-ins")
-    flags = ("" if directions == ["fwd"] else f" --direction {directions[0]}") + (" --stand-in" if stand else "")
+    flags = (f" --out {out_dir}" + ("" if directions == ["fwd"] else f" --direction {directions[0]}")
+             + (" --stand-in" if stand else ""))
     lines = [f"# {len(entries)} problem(s) of {out_dir}; re-tune them with: python tune.py --suite FILE{flags}"]
     for e in entries:
         try:
             line = suite_line(Problem(**e["problem"]))
-        except (TypeError, ValueError, ProblemError) as err:  # a hand-edited or very old record
-            raise ShowError(f"{e.get('key')}: its problem record cannot be written as tune.py flags ({err})") from None
-        machine = e.get("machine", {})
+        except (KeyError, TypeError, ValueError, ProblemError) as err:  # a hand-edited or very old record
+            raise ShowError(f"{e.get('key')}: its problem record cannot be written as tune.py flags "
+                            f"({type(err).__name__}: {err})") from None
+        machine = e.get("machine") or {}
         lines.append(f"{line}  # {e.get('kernel')}, {machine.get('gpu') or 'no GPU named'} {machine.get('date', '')}"
                      .rstrip())
     return "\n".join(lines)
@@ -208,6 +217,8 @@ def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, 
         return suite_text(entries, out_dir)
     kernels = {k["name"]: k for k in manifest.get("kernels", [])}
     rs = [entry_row(e, kernels) for e in entries]
+    if not rs and only != Only() and not as_json:
+        return f"no tuned problem of {out_dir} matches those filters"
     if with_source:
         for r in rs:
             r["source"] = source(out_dir, r)
@@ -215,8 +226,6 @@ def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, 
         return json.dumps(rs, indent=2)
     if with_source:  # a problem's forward kernel, then its backward one (each source names itself first)
         return "\n\n".join(r["source"].rstrip("\n") for r in rs)
-    if not rs and only != Only():
-        return f"no tuned problem of {out_dir} matches those filters"
     if not rs:
         return f"{out_dir} holds no tuned problem yet; {generic_note(manifest)}"
     return table(rs) + ("" if query else f"\n{generic_note(manifest)}")

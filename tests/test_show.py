@@ -220,15 +220,15 @@ def test_suite_lines_read_back_as_the_entries_problems(frozen_mixed, tmp_path):
 
     m = read_manifest(frozen_mixed)
     text = show.show(frozen_mixed, only=show.Only(stand_ins=False, direction="fwd"), as_suite=True)
-    assert text.splitlines()[0].endswith("re-tune them with: python tune.py --suite FILE")
+    assert text.splitlines()[0].endswith(f"re-tune them with: python tune.py --suite FILE --out {frozen_mixed}")
     (tmp_path / "s.txt").write_text(text + "\n")
     (p,) = read_suite(tmp_path / "s.txt")
     assert p == Problem(**m["entries"][1]["problem"]) and p.activation == "silu" and p.padding_arg == "causal"
     assert "# dw1d_f32_k3_t128_v4_o2_l1, NVIDIA H200 2026-11-30" in text
     stand = show.show(frozen_mixed, only=show.Only(stand_ins=True), as_suite=True)
-    assert stand.splitlines()[0].endswith("--suite FILE --stand-in") and "--layout blc" in stand
+    assert stand.splitlines()[0].endswith(f"--out {frozen_mixed} --stand-in") and "--layout blc" in stand
     bwd = show.show(frozen_mixed, only=show.Only(direction="bwd"), as_suite=True)
-    assert bwd.splitlines()[0].endswith("--suite FILE --direction bwd") and bwd.endswith("no GPU named")
+    assert bwd.splitlines()[0].endswith(f"--out {frozen_mixed} --direction bwd") and bwd.endswith("no GPU named")
     assert show.show(frozen_mixed, only=show.Only(not_on="NVIDIA", direction="fwd"), as_suite=True).startswith(
         "# no tuned problem")
 
@@ -242,14 +242,40 @@ def test_suite_refuses_what_one_tune_cannot_run(frozen_mixed, only, msg):
 
 
 def test_suite_refuses_json_source_and_records_it_cannot_write(frozen_mixed):
-    with pytest.raises(show.ShowError, match="--suite prints problem flags: leave out --source and --json"):
-        show.show(frozen_mixed, as_json=True, as_suite=True)
+    for kw in (dict(as_json=True), dict(with_source=True)):
+        with pytest.raises(show.ShowError, match="--suite prints problem flags: leave out --source and --json"):
+            show.show(frozen_mixed, "32x512x8192", as_suite=True, **kw)
     m = read_manifest(frozen_mixed)
-    m["entries"][1]["problem"]["kernel_size"] = "three"
+    only = show.Only(direction="fwd", stand_ins=False)
+    for broken in ({"kernel_size": "three"}, None):  # a bad value; no problem record at all
+        if broken:
+            m["entries"][1]["problem"].update(broken)
+        else:
+            del m["entries"][1]["problem"]
+        (frozen_mixed / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(show.ShowError, match="32x512x8192_k3_s1_p1_d1_fp32_nobias: its problem record cannot "
+                                                 "be written as tune.py flags"):
+            show.show(frozen_mixed, only=only, as_suite=True)
+
+
+def test_filters_that_keep_nothing_say_so_in_every_form(frozen_mixed):
+    """A query and filters that leave nothing: one line for the table and --source, [] for JSON; an entry whose
+    machine record is null counts as measured on no GPU."""
+    only = show.Only(direction="bwd")
+    assert show.show(frozen_mixed, "32x512x1024", only=only).startswith("no tuned problem")
+    assert show.show(frozen_mixed, "32x512x1024", with_source=True, only=only).startswith("no tuned problem")
+    assert json.loads(show.show(frozen_mixed, "32x512x1024", as_json=True, only=only)) == []
+    m = read_manifest(frozen_mixed)
+    m["entries"][1]["machine"] = None
     (frozen_mixed / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(show.ShowError, match="32x512x8192_k3_s1_p1_d1_fp32_nobias: its problem record cannot be "
-                                             "written as tune.py flags"):
-        show.show(frozen_mixed, only=show.Only(direction="fwd", stand_ins=False), as_suite=True)
+    assert ("32x512x8192_k3_s1_p1_d1_fp32_nobias", "fwd") in kept(frozen_mixed, not_on="H200")
+
+
+def test_the_fixtures_old_style_direction_is_the_one_filters_ask(frozen):
+    """A manifest older than the entry's direction field names it in the problem record: the table shows that
+    and --direction filters by the same."""
+    assert kept(frozen, direction="fwd") == [("32x512x1024_k31_s1_p15_d1_fp32_nobias", "fwd")]
+    assert kept(frozen, direction="bwd") == []
 
 
 def test_tune_py_show_filters_and_suite(frozen_mixed, capsys):
@@ -261,17 +287,25 @@ def test_tune_py_show_filters_and_suite(frozen_mixed, capsys):
     assert main(["show", "--suite", "--out", str(frozen_mixed)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("tune.py show: these entries hold") and len(err.splitlines()) == 1
-    with pytest.raises(SystemExit) as exit_:
-        main(["show", "--direction", "sideways", "--out", str(frozen_mixed)])
-    assert exit_.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    for bad in (["--direction", "sideways"], ["--not-on", " "]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["show", *bad, "--out", str(frozen_mixed)])
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "give part of a GPU's name" in err
 
 
-def test_the_committed_modules_entries_from_other_gpus_make_suite_files():
-    """Every entry of generated/ can be written back as tune.py flags (what a re-tune on another GPU reads)."""
+def test_every_committed_entry_can_be_written_as_a_suite_line():
+    """Every entry of generated/ reads back as tune.py flags (what a re-tune on another GPU starts from), split as
+    one tune runs them: a direction, stand-ins or not."""
     m = read_manifest(ROOT / "generated")
+    written = 0
     for direction in ("fwd", "bwd"):
         for stand_ins in (True, False):
             text = show.show(ROOT / "generated", only=show.Only(direction=direction, stand_ins=stand_ins), as_suite=True)
-            n = sum(1 for e in m["entries"] if e.get("direction", "fwd") == direction
-                    and show.is_stand_in(e) == stand_ins)
-            assert len([line for line in text.splitlines() if line.startswith("--shape")]) == n
+            lines = [line for line in text.splitlines() if line.startswith("--shape")]
+            assert len(lines) == sum(1 for e in m["entries"] if show.row_direction(e) == direction
+                                     and show.is_stand_in(e) == stand_ins)
+            written += len(lines)
+    assert written == len(m["entries"]) > 0
+    assert any(show.is_stand_in(e) for e in m["entries"]) and any(not show.is_stand_in(e) for e in m["entries"])
