@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,8 +201,70 @@ def suite_text(entries: list[dict], out_dir: Path) -> str:
     return "\n".join(lines)
 
 
+# A generic choice's key in the manifest (space.generic_choice_key): dtype, layout, K and _bwd for the backward's
+_GENERIC_KEY = re.compile(r"^(fp32|fp16|bf16)_(bcl|blc)_k(\d+)(_bwd)?$")
+GENERIC_COLUMNS = (("key", "key"), ("direction", "direction"), ("kernel", "kernel"), ("x_copy", "x copy"),
+                   ("narrow", "beside it (scope: kernel x copy)"), ("gpu", "GPU"), ("date", "date"))
+
+
+def generic_rows(manifest: dict, only: Only = Only()) -> list[dict]:
+    """The manifest's measured generic choices (python -m search.generic), one row a dtype, layout, K and
+    direction: the kernel every call may run, its geometric-mean x copy over its shapes, the narrower kernels
+    chosen beside it for the calls their scopes take, where and when it was measured. `only` filters by GPU and
+    direction; a key that is not of that form is shown with its parts unknown."""
+    if only.stand_ins is not None:
+        raise ShowError("--stand-ins and --no-stand-ins pick tuned entries: leave them out with --generic")
+    rs = []
+    for key, record in sorted(manifest.get("generic", {}).get("chosen", {}).items()):
+        record = record if isinstance(record, dict) else {}
+        m = _GENERIC_KEY.match(key)
+        machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
+        narrow = [n for n in record.get("narrow") or [] if isinstance(n, dict)]
+        row = {"key": key, "dtype": m[1] if m else None, "layout": m[2] if m else None,
+               "k": int(m[3]) if m else None, "direction": ("bwd" if m[4] else "fwd") if m else None,
+               "kernel": record.get("kernel"), "x_copy": record.get("geomean_x_copy"),
+               "narrow": [{"scope": n.get("scope"), "kernel": n.get("kernel"), "x_copy": n.get("geomean_x_copy")}
+                          for n in narrow],
+               "gpu": machine.get("gpu", ""), "date": machine.get("date", "")}
+        if ((only.not_on is None or only.not_on.lower() not in str(row["gpu"]).lower())
+                and (only.direction is None or row["direction"] == only.direction)):
+            rs.append(row)
+    return rs
+
+
+def _narrow_text(narrow: list[dict]) -> str:
+    return "; ".join(f"{n['scope']}: {n['kernel']} {_cell('x_copy', n['x_copy'])}" for n in narrow) or "-"
+
+
+def generic_table(rs: list[dict]) -> str:
+    cells = [[h for _, h in GENERIC_COLUMNS]] + [
+        [_narrow_text(r["narrow"]) if f == "narrow" else _cell(f, r[f]) for f, _ in GENERIC_COLUMNS] for r in rs]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(GENERIC_COLUMNS))]
+    return "\n".join("  ".join(c.rjust(w) if f == "x_copy" else c.ljust(w)
+                               for (f, _), c, w in zip(GENERIC_COLUMNS, row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def generic_commands(rs: list[dict], out_dir: Path) -> str:
+    """The python -m search.generic calls that measure these choices again (on the GPU they should serve): one a
+    direction, layout and dtype, with its kernel sizes."""
+    if not rs:
+        return f"# no generic choice of {out_dir} matches"
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for r in rs:
+        if r["k"] is None:
+            raise ShowError(f"generic choice {r['key']!r} is not dtype_layout_kK[_bwd]: it cannot be measured again "
+                            "by name; re-run python -m search.generic for its dtype, layout and K")
+        groups.setdefault((r["direction"], r["layout"], r["dtype"]), []).append(r["k"])
+    lines = [f"# {len(rs)} generic choice(s) of {out_dir}, measured again by:"]
+    for (direction, layout, dtype), ks in sorted(groups.items()):
+        lines.append(f"python -m search.generic --direction {direction} --layouts {layout} --dtypes {dtype} "
+                     f"--kernel-sizes {','.join(map(str, sorted(ks)))} --out {out_dir}")
+    return "\n".join(lines)
+
+
 def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, as_json: bool = False,
-         only: Only = Only(), as_suite: bool = False) -> str:
+         only: Only = Only(), as_suite: bool = False, generic: bool = False) -> str:
     """What `tune.py show` prints: the table (or JSON) of generated/, one problem's row, or its source; the entries
     `only` keeps, or those as a suite file that re-tunes them."""
     manifest = read_manifest(out_dir)
@@ -211,6 +274,15 @@ def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, 
         raise ShowError("--source needs a problem: `tune.py show PROBLEM --source`")
     if as_suite and (with_source or as_json):
         raise ShowError("--suite prints problem flags: leave out --source and --json")
+    if generic:
+        if query is not None or with_source:
+            raise ShowError("--generic lists the generic choices: leave out the problem and --source")
+        rs = generic_rows(manifest, only)
+        if as_suite:
+            return generic_commands(rs, out_dir)
+        if as_json:
+            return json.dumps(rs, indent=2)
+        return generic_table(rs) if rs else f"no generic choice of {out_dir} matches"
     entries = [e for e in (find(manifest, query) if query is not None else manifest.get("entries", []))
                if only.keeps(e)]
     if as_suite:

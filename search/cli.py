@@ -21,7 +21,7 @@ DESCRIPTION = "Tune a depthwise conv1d problem and freeze the winner into genera
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = cli.OneLineParser(prog="tune.py", description=DESCRIPTION, epilog="tune.py show [PROBLEM] [--source] "
-                           "[--json] [--not-on GPU] [--direction fwd|bwd] [--stand-ins|--no-stand-ins] [--suite]: "
+                           "[--json] [--not-on GPU] [--direction fwd|bwd] [--stand-ins|--no-stand-ins] [--suite] [--generic]: "
                            "what generated/ holds (tune.py show --help); tune.py report PROBLEM: "
                            "rebuild a tune's report (tune.py report --help)")
     problem_flags = add_problem_arguments(ap)
@@ -100,6 +100,9 @@ def parse_show_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--suite", action="store_true", help="a switch here (tune.py --suite takes the file): print "
                     "the entries as a suite file for tune.py --suite, its first line the flags that go with it; "
                     "all of one direction, stand-ins or not")
+    ap.add_argument("--generic", action="store_true", help="list the measured generic choices (python -m "
+                    "search.generic) instead of the tuned entries; with --suite, the search.generic calls that "
+                    "measure them again")
     return ap.parse_args(argv)
 
 
@@ -109,7 +112,8 @@ def show(argv: list[str]) -> int:
     a = parse_show_args(argv)
     only = frozen.Only(not_on=a.not_on, direction=a.direction, stand_ins=a.stand_ins)
     try:
-        print(frozen.show(a.out, a.problem, with_source=a.source, as_json=a.json, only=only, as_suite=a.suite))
+        print(frozen.show(a.out, a.problem, with_source=a.source, as_json=a.json, only=only, as_suite=a.suite,
+                                generic=a.generic))
     except frozen.ShowError as e:
         print(f"tune.py show: {e}", file=sys.stderr)
         return 2

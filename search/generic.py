@@ -405,7 +405,7 @@ def dry_run(ks: list[int], dtypes: list[str], layouts: list[str], direction: str
     return 1 if failed else 0
 
 
-def main(argv: list[str]) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = cli.OneLineParser(prog="python -m search.generic", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel-sizes", default=",".join(map(str, GENERIC_KERNEL_SIZES)),
@@ -423,7 +423,11 @@ def main(argv: list[str]) -> int:
                     help="compile the candidates into runs/build/ for --arch and stop (no GPU needed): carried to "
                          "the GPU host, the search there measures without compiling them again")
     ap.add_argument("--arch", default="sm_90", help="target of --dry-run builds (the search builds for its GPU)")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
     try:
         ks = _csv(a.kernel_sizes, GENERIC_KERNEL_SIZES, "K")
         dtypes = _csv(a.dtypes, tuple(DTYPES), "dtype")

@@ -309,3 +309,72 @@ def test_every_committed_entry_can_be_written_as_a_suite_line():
             written += len(lines)
     assert written == len(m["entries"]) > 0
     assert any(show.is_stand_in(e) for e in m["entries"]) and any(not show.is_stand_in(e) for e in m["entries"])
+
+
+@pytest.fixture
+def frozen_generic(frozen):
+    """The fixture's module with measured generic choices: a forward on an H100 with a narrow kernel beside it, a
+    backward on an H200, another forward K on an H100, and a key not of the manifest's form."""
+    m = read_manifest(frozen)
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06"}
+    m["generic"]["chosen"] = {
+        "fp16_bcl_k7": {"kernel": "dw1d_f16_k7_t64_v8_o2_l1", "geomean_x_copy": 1.05, "machine": h100,
+                        "narrow": [{"scope": "causal_or_centred", "kernel": "dw1d_lane_f16_k7_t128_o2_sp_row",
+                                    "geomean_x_copy": 1.01}]},
+        "fp16_bcl_k3": {"kernel": "dw1d_f16_k3_t64_v8_o2_l1", "geomean_x_copy": 1.02, "machine": h100},
+        "bf16_blc_k4_bwd": {"kernel": "dw1d_bwd_bf16_k4_t128_o8_raw_b4", "geomean_x_copy": 1.8,
+                            "machine": {"gpu": "NVIDIA H200", "date": "2026-12-04"}},
+    }
+    (frozen / "manifest.json").write_text(json.dumps(m))
+    return frozen
+
+
+def test_generic_choices_listed_with_where_they_were_measured(frozen_generic):
+    rows = json.loads(show.show(frozen_generic, generic=True, as_json=True))
+    assert [(r["key"], r["dtype"], r["layout"], r["k"], r["direction"]) for r in rows] == [
+        ("bf16_blc_k4_bwd", "bf16", "blc", 4, "bwd"), ("fp16_bcl_k3", "fp16", "bcl", 3, "fwd"),
+        ("fp16_bcl_k7", "fp16", "bcl", 7, "fwd")]
+    assert rows[2]["narrow"] == [{"scope": "causal_or_centred", "kernel": "dw1d_lane_f16_k7_t128_o2_sp_row",
+                                  "x_copy": 1.01}]
+    text = show.show(frozen_generic, generic=True)
+    assert "causal_or_centred: dw1d_lane_f16_k7_t128_o2_sp_row 1.01x" in text and "1.80x" in text
+    assert [r["key"] for r in json.loads(show.show(frozen_generic, generic=True, as_json=True,
+                                                   only=show.Only(not_on="h100")))] == ["bf16_blc_k4_bwd"]
+    assert [r["key"] for r in json.loads(show.show(frozen_generic, generic=True, as_json=True,
+                                                   only=show.Only(direction="fwd", not_on="H200")))] == [
+        "fp16_bcl_k3", "fp16_bcl_k7"]
+    assert show.show(frozen_generic, generic=True, only=show.Only(not_on="NVIDIA")).startswith("no generic choice")
+
+
+def test_generic_suite_prints_the_search_generic_calls_that_measure_them_again(frozen_generic):
+    text = show.show(frozen_generic, generic=True, as_suite=True, only=show.Only(not_on="H200"))
+    assert text.splitlines() == [
+        f"# 2 generic choice(s) of {frozen_generic}, measured again by:",
+        f"python -m search.generic --direction fwd --layouts bcl --dtypes fp16 --kernel-sizes 3,7 --out {frozen_generic}"]
+    from search.generic import parse_args
+
+    a = parse_args(text.splitlines()[1].split()[3:])
+    assert (a.direction, a.layouts, a.dtypes, a.kernel_sizes) == ("fwd", "bcl", "fp16", "3,7")
+
+
+def test_generic_refuses_what_it_cannot_answer(frozen_generic):
+    for kw, msg in ((dict(query="32x512x8192"), "leave out the problem and --source"),
+                    (dict(only=show.Only(stand_ins=True)), "pick tuned entries: leave them out with --generic")):
+        with pytest.raises(show.ShowError, match=msg):
+            show.show(frozen_generic, generic=True, **kw)
+    m = read_manifest(frozen_generic)
+    m["generic"]["chosen"]["odd key"] = {"kernel": "k", "machine": None, "narrow": "x"}
+    (frozen_generic / "manifest.json").write_text(json.dumps(m))
+    (odd,) = [r for r in json.loads(show.show(frozen_generic, generic=True, as_json=True)) if r["key"] == "odd key"]
+    assert odd["k"] is None and odd["gpu"] == "" and odd["narrow"] == []  # read what can be, no traceback
+    with pytest.raises(show.ShowError, match="'odd key' is not dtype_layout_kK"):
+        show.show(frozen_generic, generic=True, as_suite=True)
+
+
+def test_the_committed_modules_generic_choices_each_a_row(capsys):
+    m = read_manifest(ROOT / "generated")
+    rows = json.loads(show.show(ROOT / "generated", generic=True, as_json=True))
+    assert [r["key"] for r in rows] == sorted(m["generic"]["chosen"]) and rows
+    assert all(r["k"] and r["kernel"] and r["gpu"] for r in rows)
+    assert main(["show", "--generic", "--suite", "--out", str(ROOT / "generated")]) == 0
+    assert capsys.readouterr().out.count("python -m search.generic") >= 4
