@@ -160,10 +160,13 @@ class Only:
     direction: str | None = None
     stand_ins: bool | None = None
 
+    def admits(self, gpu: str, direction: str | None) -> bool:
+        """Whether something measured on `gpu` for `direction` passes the GPU and direction filters."""
+        return ((self.not_on is None or self.not_on.lower() not in str(gpu).lower())
+                and (self.direction is None or direction == self.direction))
+
     def keeps(self, e: dict) -> bool:
-        gpu = str((e.get("machine") or {}).get("gpu", ""))
-        return ((self.not_on is None or self.not_on.lower() not in gpu.lower())
-                and (self.direction is None or row_direction(e) == self.direction)
+        return (self.admits((e.get("machine") or {}).get("gpu", ""), row_direction(e))
                 and (self.stand_ins is None or is_stand_in(e) == self.stand_ins))
 
 
@@ -226,8 +229,7 @@ def generic_rows(manifest: dict, only: Only = Only()) -> list[dict]:
                "narrow": [{"scope": n.get("scope"), "kernel": n.get("kernel"), "x_copy": n.get("geomean_x_copy")}
                           for n in narrow],
                "gpu": machine.get("gpu", ""), "date": machine.get("date", "")}
-        if ((only.not_on is None or only.not_on.lower() not in str(row["gpu"]).lower())
-                and (only.direction is None or row["direction"] == only.direction)):
+        if only.admits(row["gpu"], row["direction"]):
             rs.append(row)
     return rs
 
