@@ -1,8 +1,8 @@
 """What generated/ holds, for people and for scripts: a row per tuned problem, as a table or JSON, and its CUDA."""
 from __future__ import annotations
 
+import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,8 +204,16 @@ def suite_text(entries: list[dict], out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-# A generic choice's key in the manifest (space.generic_choice_key): dtype, layout, K and _bwd for the backward's
-_GENERIC_KEY = re.compile(r"^(fp32|fp16|bf16)_(bcl|blc)_k(\d+)(_bwd)?$")
+@functools.cache
+def _generic_keys() -> dict[str, tuple[str, str, int, str]]:
+    """Every key a generic choice can be kept under (space.generic_choice_key), to its dtype, layout, K and
+    direction: what search.generic can measure again."""
+    from dwgen.dtypes import DTYPES
+    from dwgen.problem import LAYOUTS
+    from dwgen.space import DIRECTIONS, GENERIC_KERNEL_SIZES, generic_choice_key, generic_problem
+
+    return {generic_choice_key(generic_problem(k, d, lay), direction): (d, lay, k, direction)
+            for d in DTYPES for lay in LAYOUTS for k in GENERIC_KERNEL_SIZES for direction in DIRECTIONS}
 GENERIC_COLUMNS = (("key", "key"), ("direction", "direction"), ("kernel", "kernel"), ("x_copy", "x copy"),
                    ("narrow", "beside it (scope: kernel x copy)"), ("gpu", "GPU"), ("date", "date"))
 
@@ -217,21 +225,27 @@ def generic_rows(manifest: dict, only: Only = Only()) -> list[dict]:
     direction; a key that is not of that form is shown with its parts unknown."""
     if only.stand_ins is not None:
         raise ShowError("--stand-ins and --no-stand-ins pick tuned entries: leave them out with --generic")
+    generic = manifest.get("generic")
+    chosen = generic.get("chosen") if isinstance(generic, dict) else None
     rs = []
-    for key, record in sorted(manifest.get("generic", {}).get("chosen", {}).items()):
+    for key, record in sorted(chosen.items() if isinstance(chosen, dict) else []):
         record = record if isinstance(record, dict) else {}
-        m = _GENERIC_KEY.match(key)
+        dtype, layout, k, direction = _generic_keys().get(key, (None, None, None, None))
         machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
-        narrow = [n for n in record.get("narrow") or [] if isinstance(n, dict)]
-        row = {"key": key, "dtype": m[1] if m else None, "layout": m[2] if m else None,
-               "k": int(m[3]) if m else None, "direction": ("bwd" if m[4] else "fwd") if m else None,
-               "kernel": record.get("kernel"), "x_copy": record.get("geomean_x_copy"),
-               "narrow": [{"scope": n.get("scope"), "kernel": n.get("kernel"), "x_copy": n.get("geomean_x_copy")}
-                          for n in narrow],
+        narrow = record.get("narrow") if isinstance(record.get("narrow"), list) else []
+        row = {"key": key, "dtype": dtype, "layout": layout, "k": k, "direction": direction,
+               "kernel": record.get("kernel"), "x_copy": _number(record.get("geomean_x_copy")),
+               "narrow": [{"scope": n.get("scope"), "kernel": n.get("kernel"),
+                           "x_copy": _number(n.get("geomean_x_copy"))} for n in narrow if isinstance(n, dict)],
                "gpu": machine.get("gpu", ""), "date": machine.get("date", "")}
         if only.admits(row["gpu"], row["direction"]):
             rs.append(row)
     return rs
+
+
+def _number(value) -> float | None:
+    """A measured figure as show prints it, None where a hand-edited record holds something else."""
+    return value if type(value) in (int, float) else None
 
 
 def _narrow_text(narrow: list[dict]) -> str:
@@ -249,19 +263,23 @@ def generic_table(rs: list[dict]) -> str:
 
 def generic_commands(rs: list[dict], out_dir: Path) -> str:
     """The python -m search.generic calls that measure these choices again (on the GPU they should serve): one a
-    direction, layout and dtype, with its kernel sizes."""
+    direction, layout and set of kernel sizes, with the dtypes that share them (each call freezes through the gate
+    once a dtype and layout, so fewer calls gate no less)."""
     if not rs:
         return f"# no generic choice of {out_dir} matches"
-    groups: dict[tuple[str, str, str], list[int]] = {}
+    ks: dict[tuple[str, str, str], set[int]] = {}
     for r in rs:
         if r["k"] is None:
-            raise ShowError(f"generic choice {r['key']!r} is not dtype_layout_kK[_bwd]: it cannot be measured again "
-                            "by name; re-run python -m search.generic for its dtype, layout and K")
-        groups.setdefault((r["direction"], r["layout"], r["dtype"]), []).append(r["k"])
+            raise ShowError(f"generic choice {r['key']!r} is not one search.generic keeps (dtype_layout_kK, _bwd after "
+                            "a backward's, K 1-16): re-run python -m search.generic for its dtype, layout and K")
+        ks.setdefault((r["direction"], r["layout"], r["dtype"]), set()).add(r["k"])
+    groups: dict[tuple[str, str, tuple[int, ...]], list[str]] = {}
+    for (direction, layout, dtype), sizes in sorted(ks.items()):
+        groups.setdefault((direction, layout, tuple(sorted(sizes))), []).append(dtype)
     lines = [f"# {len(rs)} generic choice(s) of {out_dir}, measured again by:"]
-    for (direction, layout, dtype), ks in sorted(groups.items()):
-        lines.append(f"python -m search.generic --direction {direction} --layouts {layout} --dtypes {dtype} "
-                     f"--kernel-sizes {','.join(map(str, sorted(ks)))} --out {out_dir}")
+    for (direction, layout, sizes), dtypes in groups.items():
+        lines.append(f"python -m search.generic --direction {direction} --layouts {layout} --dtypes {','.join(dtypes)} "
+                     f"--kernel-sizes {','.join(map(str, sizes))} --out {out_dir}")
     return "\n".join(lines)
 
 
@@ -272,13 +290,13 @@ def show(out_dir: Path, query: str | None = None, *, with_source: bool = False, 
     manifest = read_manifest(out_dir)
     if not manifest:
         raise ShowError(f"no manifest.json in {out_dir}: nothing is frozen there (tune.py freezes winners)")
+    if generic and (query is not None or with_source):
+        raise ShowError("--generic lists the generic choices: leave out the problem and --source")
     if with_source and query is None:
         raise ShowError("--source needs a problem: `tune.py show PROBLEM --source`")
     if as_suite and (with_source or as_json):
         raise ShowError("--suite prints problem flags: leave out --source and --json")
     if generic:
-        if query is not None or with_source:
-            raise ShowError("--generic lists the generic choices: leave out the problem and --source")
         rs = generic_rows(manifest, only)
         if as_suite:
             return generic_commands(rs, out_dir)

@@ -113,7 +113,7 @@ def show(argv: list[str]) -> int:
     only = frozen.Only(not_on=a.not_on, direction=a.direction, stand_ins=a.stand_ins)
     try:
         print(frozen.show(a.out, a.problem, with_source=a.source, as_json=a.json, only=only, as_suite=a.suite,
-                                generic=a.generic))
+                          generic=a.generic))
     except frozen.ShowError as e:
         print(f"tune.py show: {e}", file=sys.stderr)
         return 2

@@ -359,6 +359,7 @@ def test_generic_suite_prints_the_search_generic_calls_that_measure_them_again(f
 
 def test_generic_refuses_what_it_cannot_answer(frozen_generic):
     for kw, msg in ((dict(query="32x512x8192"), "leave out the problem and --source"),
+                    (dict(with_source=True), "leave out the problem and --source"),
                     (dict(only=show.Only(stand_ins=True)), "pick tuned entries: leave them out with --generic")):
         with pytest.raises(show.ShowError, match=msg):
             show.show(frozen_generic, generic=True, **kw)
@@ -367,14 +368,42 @@ def test_generic_refuses_what_it_cannot_answer(frozen_generic):
     (frozen_generic / "manifest.json").write_text(json.dumps(m))
     (odd,) = [r for r in json.loads(show.show(frozen_generic, generic=True, as_json=True)) if r["key"] == "odd key"]
     assert odd["k"] is None and odd["gpu"] == "" and odd["narrow"] == []  # read what can be, no traceback
-    with pytest.raises(show.ShowError, match="'odd key' is not dtype_layout_kK"):
+    with pytest.raises(show.ShowError, match="'odd key' is not one search.generic keeps"):
         show.show(frozen_generic, generic=True, as_suite=True)
 
 
-def test_the_committed_modules_generic_choices_each_a_row(capsys):
+def test_the_committed_modules_generic_choices_each_a_row_measured_again_by_the_calls_printed(capsys):
+    """Every generic choice of generated/ is a row, and the search.generic calls --suite prints for a filter
+    re-measure exactly the keys it kept: read back through search.generic's own parser."""
+    from dwgen.space import generic_choice_key, generic_problem
+    from search.generic import _csv, parse_args
+
     m = read_manifest(ROOT / "generated")
     rows = json.loads(show.show(ROOT / "generated", generic=True, as_json=True))
     assert [r["key"] for r in rows] == sorted(m["generic"]["chosen"]) and rows
     assert all(r["k"] and r["kernel"] and r["gpu"] for r in rows)
+    for only in (show.Only(), show.Only(not_on="H200"), show.Only(direction="bwd")):
+        calls = show.show(ROOT / "generated", generic=True, as_suite=True, only=only).splitlines()[1:]
+        measured = []
+        for call in calls:
+            a = parse_args(call.split()[3:])
+            measured += [generic_choice_key(generic_problem(k, d, lay), a.direction)
+                         for d in _csv(a.dtypes, ("fp32", "fp16", "bf16"), "dtype") for lay in a.layouts.split(",")
+                         for k in _csv(a.kernel_sizes, tuple(range(1, 17)), "K")]
+        kept = [r["key"] for r in json.loads(show.show(ROOT / "generated", generic=True, as_json=True, only=only))]
+        assert sorted(measured) == sorted(kept) and len(measured) == len(set(measured)) and kept
     assert main(["show", "--generic", "--suite", "--out", str(ROOT / "generated")]) == 0
     assert capsys.readouterr().out.count("python -m search.generic") >= 4
+
+
+def test_generic_reads_what_it_can_of_hand_edited_records(frozen_generic):
+    m = read_manifest(frozen_generic)
+    m["generic"]["chosen"]["fp16_bcl_k3"]["geomean_x_copy"] = "fast"
+    m["generic"]["chosen"]["fp16_bcl_k7"]["narrow"] = 3
+    (frozen_generic / "manifest.json").write_text(json.dumps(m))
+    text = show.show(frozen_generic, generic=True)
+    assert "n/a" in text.splitlines()[2] and "causal_or_centred" not in text
+    for generic in (None, {"chosen": None}, {"chosen": [1]}):
+        m["generic"] = generic
+        (frozen_generic / "manifest.json").write_text(json.dumps(m))
+        assert show.show(frozen_generic, generic=True).startswith("no generic choice")
