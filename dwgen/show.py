@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dwgen.freeze import Winner, read_manifest
+from dwgen.freeze import DEFAULT_DIR, Winner, read_manifest
 from dwgen.problem import Problem, ProblemError
 from dwgen.recording import suite_line
 
@@ -175,6 +175,12 @@ def is_stand_in(e: dict) -> bool:
     return isinstance(e.get("stand_in"), dict)
 
 
+def _out_flag(out_dir: Path) -> str:
+    """--out for a printed command that must write where show read: left out for the default generated/, so the
+    command runs as it stands in another checkout (the GPU host's)."""
+    return "" if Path(out_dir).resolve() == DEFAULT_DIR.resolve() else f" --out {out_dir}"
+
+
 def suite_text(entries: list[dict], out_dir: Path) -> str:
     """Entries as a suite file that re-tunes them (tune.py --suite FILE, with the flags its first line names): one
     problem a line, its kernel and where it was measured after it. A tune runs one direction, and --stand-in holds
@@ -189,7 +195,7 @@ def suite_text(entries: list[dict], out_dir: Path) -> str:
     if 0 < stand < len(entries):
         raise ShowError(f"{stand} of these {len(entries)} entries are stand-ins' winners (re-tuned with --stand-in) and "
                         "the others are not: add --stand-ins or --no-stand-ins")
-    flags = (f" --out {out_dir}" + ("" if directions == ["fwd"] else f" --direction {directions[0]}")
+    flags = (_out_flag(out_dir) + ("" if directions == ["fwd"] else f" --direction {directions[0]}")
              + (" --stand-in" if stand else ""))
     lines = [f"# {len(entries)} problem(s) of {out_dir}; re-tune them with: python tune.py --suite FILE{flags}"]
     for e in entries:
@@ -279,7 +285,7 @@ def generic_commands(rs: list[dict], out_dir: Path) -> str:
     lines = [f"# {len(rs)} generic choice(s) of {out_dir}, measured again by:"]
     for (direction, layout, sizes), dtypes in groups.items():
         lines.append(f"python -m search.generic --direction {direction} --layouts {layout} --dtypes {','.join(dtypes)} "
-                     f"--kernel-sizes {','.join(map(str, sizes))} --out {out_dir}")
+                     f"--kernel-sizes {','.join(map(str, sizes))}{_out_flag(out_dir)}")
     return "\n".join(lines)
 
 

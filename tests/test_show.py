@@ -281,7 +281,7 @@ def test_the_fixtures_old_style_direction_is_the_one_filters_ask(frozen):
 def test_tune_py_show_filters_and_suite(frozen_mixed, capsys):
     assert main(["show", "--not-on", "H200", "--direction", "fwd", "--suite", "--out", str(frozen_mixed)]) == 0
     out = capsys.readouterr().out
-    assert "--stand-in" in out.splitlines()[0] and "--kernel-size 31" in out
+    assert f"--out {frozen_mixed} --stand-in" in out.splitlines()[0] and "--kernel-size 31" in out
     assert main(["show", "--no-stand-ins", "--out", str(frozen_mixed)]) == 0
     assert "32x512x1024" not in capsys.readouterr().out
     assert main(["show", "--suite", "--out", str(frozen_mixed)]) == 2
@@ -384,6 +384,7 @@ def test_the_committed_modules_generic_choices_each_a_row_measured_again_by_the_
     assert all(r["k"] and r["kernel"] and r["gpu"] for r in rows)
     for only in (show.Only(), show.Only(not_on="H200"), show.Only(direction="bwd")):
         calls = show.show(ROOT / "generated", generic=True, as_suite=True, only=only).splitlines()[1:]
+        assert not any("--out" in c for c in calls)  # generated/ is the default: the calls run in any checkout
         measured = []
         for call in calls:
             a = parse_args(call.split()[3:])
