@@ -62,7 +62,7 @@ def _elsewhere(stand_in) -> dict | None:
     other entry (or a record that is not of that form: show reads what it can)."""
     sizes = stand_in.get("sizes") if isinstance(stand_in, dict) else None
     xs = {size: t["x_copy"] for size, t in sizes.items()
-          if isinstance(t, dict) and type(t.get("x_copy")) in (int, float)} if isinstance(sizes, dict) else {}
+          if isinstance(t, dict) and _number(t.get("x_copy")) is not None} if isinstance(sizes, dict) else {}
     return xs or None
 
 
@@ -91,18 +91,23 @@ def _cell(field: str, value) -> str:
 
 # the column a table gains when a row is a stand-in's winner (its x copy at the other sizes, least to most)
 ELSEWHERE = ("x_copy_elsewhere", "other sizes")
+NUMERIC = {"ms", "x_copy", "speedup_vs_torch", ELSEWHERE[0]}
+
+
+def aligned(columns: tuple[tuple[str, str], ...], rows: list[list[str]]) -> str:
+    """Headings and rows of cell text as aligned columns, numbers (NUMERIC fields) to the right."""
+    cells = [[heading for _, heading in columns]] + rows
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.rjust(w) if f in NUMERIC else c.ljust(w) for (f, _), c, w in zip(columns, row, widths, strict=True))
+        .rstrip() for row in cells)
 
 
 def table(rs: list[dict]) -> str:
-    """Rows as aligned columns, numbers to the right."""
+    """Rows of tuned entries as aligned columns, with the stand-ins' column where a row has it."""
     columns = COLUMNS + ((ELSEWHERE,) if any(r.get(ELSEWHERE[0]) for r in rs) else ())
-    cells = [[heading for _, heading in columns]] + [[_cell(f, r.get(f)) if f != ELSEWHERE[0] or r.get(f) else "-"
-                                                      for f, _ in columns] for r in rs]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    numeric = {"ms", "x_copy", "speedup_vs_torch", ELSEWHERE[0]}
-    return "\n".join(
-        "  ".join(c.rjust(w) if f in numeric else c.ljust(w) for (f, _), c, w in zip(columns, row, widths, strict=True))
-        .rstrip() for row in cells)
+    return aligned(columns, [[_cell(f, r.get(f)) if f != ELSEWHERE[0] or r.get(f) else "-" for f, _ in columns]
+                             for r in rs])
 
 
 def generic_note(manifest: dict) -> str:
@@ -193,8 +198,8 @@ def suite_text(entries: list[dict], out_dir: Path) -> str:
                         "add --direction fwd or --direction bwd")
     stand = sum(map(is_stand_in, entries))
     if 0 < stand < len(entries):
-        raise ShowError(f"{stand} of these {len(entries)} entries are stand-ins' winners (re-tuned with --stand-in) and "
-                        "the others are not: add --stand-ins or --no-stand-ins")
+        raise ShowError(f"{stand} of these {len(entries)} entries are stand-ins' winners (re-tuned with --stand-in) "
+                        "and the others are not: add --stand-ins or --no-stand-ins")
     flags = (_out_flag(out_dir) + ("" if directions == ["fwd"] else f" --direction {directions[0]}")
              + (" --stand-in" if stand else ""))
     lines = [f"# {len(entries)} problem(s) of {out_dir}; re-tune them with: python tune.py --suite FILE{flags}"]
@@ -220,6 +225,8 @@ def _generic_keys() -> dict[str, tuple[str, str, int, str]]:
 
     return {generic_choice_key(generic_problem(k, d, lay), direction): (d, lay, k, direction)
             for d in DTYPES for lay in LAYOUTS for k in GENERIC_KERNEL_SIZES for direction in DIRECTIONS}
+
+
 GENERIC_COLUMNS = (("key", "key"), ("direction", "direction"), ("kernel", "kernel"), ("x_copy", "x copy"),
                    ("narrow", "beside it (scope: kernel x copy)"), ("gpu", "GPU"), ("date", "date"))
 
@@ -259,12 +266,8 @@ def _narrow_text(narrow: list[dict]) -> str:
 
 
 def generic_table(rs: list[dict]) -> str:
-    cells = [[h for _, h in GENERIC_COLUMNS]] + [
-        [_narrow_text(r["narrow"]) if f == "narrow" else _cell(f, r[f]) for f, _ in GENERIC_COLUMNS] for r in rs]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(GENERIC_COLUMNS))]
-    return "\n".join("  ".join(c.rjust(w) if f == "x_copy" else c.ljust(w)
-                               for (f, _), c, w in zip(GENERIC_COLUMNS, row, widths, strict=True)).rstrip()
-                     for row in cells)
+    return aligned(GENERIC_COLUMNS, [[_narrow_text(r["narrow"]) if f == "narrow" else _cell(f, r[f])
+                                      for f, _ in GENERIC_COLUMNS] for r in rs])
 
 
 def generic_commands(rs: list[dict], out_dir: Path) -> str:
@@ -276,8 +279,8 @@ def generic_commands(rs: list[dict], out_dir: Path) -> str:
     ks: dict[tuple[str, str, str], set[int]] = {}
     for r in rs:
         if r["k"] is None:
-            raise ShowError(f"generic choice {r['key']!r} is not one search.generic keeps (dtype_layout_kK, _bwd after "
-                            "a backward's, K 1-16): re-run python -m search.generic for its dtype, layout and K")
+            raise ShowError(f"generic choice {r['key']!r} is not one search.generic keeps (dtype_layout_kK, _bwd "
+                            "after a backward's, K 1-16): re-run python -m search.generic for its dtype, layout and K")
         ks.setdefault((r["direction"], r["layout"], r["dtype"]), set()).add(r["k"])
     groups: dict[tuple[str, str, tuple[int, ...]], list[str]] = {}
     for (direction, layout, dtype), sizes in sorted(ks.items()):

@@ -21,8 +21,8 @@ DESCRIPTION = "Tune a depthwise conv1d problem and freeze the winner into genera
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = cli.OneLineParser(prog="tune.py", description=DESCRIPTION, epilog="tune.py show [PROBLEM] [--source] "
-                           "[--json] [--not-on GPU] [--direction fwd|bwd] [--stand-ins|--no-stand-ins] [--suite] [--generic]: "
-                           "what generated/ holds (tune.py show --help); tune.py report PROBLEM: "
+                           "[--json] [--not-on GPU] [--direction fwd|bwd] [--stand-ins|--no-stand-ins] [--suite] "
+                           "[--generic]: what generated/ holds (tune.py show --help); tune.py report PROBLEM: "
                            "rebuild a tune's report (tune.py report --help)")
     problem_flags = add_problem_arguments(ap)
     ap.add_argument("--suite", type=Path, help="file of problems, one per line in these flags, e.g. "
@@ -92,11 +92,12 @@ def parse_show_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--source", action="store_true", help="print the problem's frozen CUDA kernel")
     ap.add_argument("--json", action="store_true", help="print the rows (and --source text) as JSON")
     ap.add_argument("--out", type=Path, default=ROOT / "generated", help="the frozen module to read (tune's --out)")
-    ap.add_argument("--not-on", metavar="GPU", type=_gpu_text, help="only entries measured on a GPU whose name does not hold GPU "
-                    "(any case), e.g. --not-on H200 on an H200 host: the ones to re-tune there")
+    ap.add_argument("--not-on", metavar="GPU", type=_gpu_text, help="only entries measured on a GPU whose name "
+                    "does not hold GPU (any case), e.g. --not-on H200 on an H200 host: the ones to re-tune there")
     ap.add_argument("--direction", choices=("fwd", "bwd"), help="only the forward or the backward entries")
     ap.add_argument("--stand-ins", action=argparse.BooleanOptionalAction, default=None,
-                    help="only the stand-ins' winners (entries that record a tune.py --stand-in tune), or only the others")
+                    help="only the stand-ins' winners (entries that record a tune.py --stand-in tune), or only the "
+                    "others")
     ap.add_argument("--suite", action="store_true", help="a switch here (tune.py --suite takes the file): print "
                     "the entries as a suite file for tune.py --suite, its first line the flags that go with it; "
                     "all of one direction, stand-ins or not")

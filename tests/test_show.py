@@ -302,7 +302,8 @@ def test_every_committed_entry_can_be_written_as_a_suite_line():
     written = 0
     for direction in ("fwd", "bwd"):
         for stand_ins in (True, False):
-            text = show.show(ROOT / "generated", only=show.Only(direction=direction, stand_ins=stand_ins), as_suite=True)
+            only = show.Only(direction=direction, stand_ins=stand_ins)
+            text = show.show(ROOT / "generated", only=only, as_suite=True)
             lines = [line for line in text.splitlines() if line.startswith("--shape")]
             assert len(lines) == sum(1 for e in m["entries"] if show.row_direction(e) == direction
                                      and show.is_stand_in(e) == stand_ins)
@@ -350,7 +351,8 @@ def test_generic_suite_prints_the_search_generic_calls_that_measure_them_again(f
     text = show.show(frozen_generic, generic=True, as_suite=True, only=show.Only(not_on="H200"))
     assert text.splitlines() == [
         f"# 2 generic choice(s) of {frozen_generic}, measured again by:",
-        f"python -m search.generic --direction fwd --layouts bcl --dtypes fp16 --kernel-sizes 3,7 --out {frozen_generic}"]
+        "python -m search.generic --direction fwd --layouts bcl --dtypes fp16 --kernel-sizes 3,7 "
+        f"--out {frozen_generic}"]
     from search.generic import parse_args
 
     a = parse_args(text.splitlines()[1].split()[3:])
