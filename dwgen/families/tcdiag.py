@@ -16,8 +16,9 @@ count, docs/perf-notes.md): an ldmatrix moves 128 bytes a block, and 2K blocks a
 1.2-1.4x a copy's time at K15. So a warp's code is unrolled over its run of groups (`schedule`): a block serves
 several taps and groups and is loaded once, 16 a group at stride and dilation 1 whatever K.
 
-Not in the registry (dwgen/space.py FAMILIES): measured in the thirty-sixth session and not landed (docs/perf-notes.md);
-docs/proposed/tcdiag-tune.diff registers it for tunes and scripts/ab-tcdiag.txt. `standalone` renders its variants as the registry will.
+Not in the registry (dwgen/space.py FAMILIES): measured in the thirty-sixth session and not landed
+(docs/perf-notes.md); docs/proposed/tcdiag-tune.diff registers it for tunes and scripts/ab-tcdiag.txt.
+`standalone` renders its variants as the registry will.
 """
 from __future__ import annotations
 
