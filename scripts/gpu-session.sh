@@ -44,7 +44,8 @@
 #           with speed of light, occupancy, pipe use, each warp stall reason and instructions executed (logs ncu<i>.log)
 #   ncuvariant  Nsight Compute on named variants, frozen or not (scripts/probe-variant.py $PROBE_ARGS, e.g.
 #           PROBE_ARGS="--shape 32x512x1024 -k 31 --padding 15 --dtype fp16 --direction bwd NAME"); each variant is
-#           checked first, outside the NVTX range ncu profiles; NCU_COUNT kernels (default 6) are profiled
+#           checked first, outside the NVTX range ncu profiles; NCU_COUNT kernels (default 6) are profiled, with
+#           the memory workload (DRAM bytes, L2 and L1 traffic) beside speed of light, occupancy and warp stalls
 #   ncusass the first variant of PROBE_ARGS under Nsight Compute's source counters: each SASS instruction with
 #           how often it ran (ncusass.csv) and the executed instructions by opcode (ncusass.log)
 #   ncusassgeneric  the same for the first generic kernel matching NCU_KERNEL (a regex, default dw1d_any_f16_window:
@@ -140,7 +141,8 @@ for step in "$@"; do
              -k regex:dw1d --launch-skip 3 -c 3 python3 scripts/probe-bwd-ncu.py "$i"
          done ;;
     ncuvariant) timed ncuvariant ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
-                  --metrics 'gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active' \
+                  --section MemoryWorkloadAnalysis \
+                  --metrics 'gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum' \
                   --nvtx --nvtx-include probe/ -k regex:dw1d -c "${NCU_COUNT:-6}" \
                   python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and variants} ;;
     ncusass) sass_counters dw1d python3 scripts/probe-variant.py ${PROBE_ARGS:?PROBE_ARGS names a problem and a variant} ;;
