@@ -167,7 +167,7 @@ EDITS = {
     **{f"blocks{n}": (f"each kernel with a one-argument __launch_bounds__ asked for {n} blocks an SM (ptxas caps "
                       "its registers to fit, spilling where it must)",
                       [(re.compile(r"__launch_bounds__\((\d+)\)"), rf"__launch_bounds__(\1, {n})")])
-       for n in (5, 6)},
+       for n in (3, 4, 5, 6)},
     "pdl": ("the weight sums' launch programmatic-dependent on the kernel before it (backward families)",
             [("#include <cuda_runtime.h>\n", _PDL_LAUNCH),
              ("    constexpr int COLS = 32, GROUPS = 8;",
