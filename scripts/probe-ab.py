@@ -259,6 +259,21 @@ def timed_rounds(timer, fns: dict, rounds: int, shuffle: bool) -> tuple[dict, di
     return out, after
 
 
+def repeated(fn, n: int):
+    """fn called n times back to back: one sample of --warm."""
+    def calls():
+        for _ in range(n):
+            fn()
+    return calls
+
+
+def per_call(t, n: int):
+    """A Timing of n calls a sample as the Timing of one call."""
+    from dwgen.bench import Timing
+
+    return Timing(t.median_ms / n, t.min_ms / n, t.reps, tuple(s / n for s in t.samples))
+
+
 def spread(samples: list[float]) -> tuple[float, float, float]:
     from dwgen.bench import percentile
 
@@ -272,6 +287,9 @@ def main(argv: list[str]) -> int:
                          f"{', '.join(sorted(EDITS))}; a+b makes both; none: the "
                          "named variants alone, side by side (designs against each other, half the builds)")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--warm", type=int, default=0, metavar="N",
+                    help="time N back-to-back calls a sample with no L2 flush (times per call): on a problem whose "
+                         "tensors fit in L2, what holds a kernel apart from DRAM (issue, latency, occupancy)")
     ap.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",
                     help="each round in a fresh order (default), or copy_, A, then the edits every round")
     a = ap.parse_args(argv)
@@ -313,7 +331,12 @@ def main(argv: list[str]) -> int:
                 bad += 1
                 continue
             fns[label] = evaluator.timed(launcher)
-        times, after = timed_rounds(evaluator.timer, fns, a.rounds, shuffle=a.order == "shuffled")
+        timer = evaluator.timer
+        if a.warm:
+            timer, fns = bench.Timer(flush=False), {k: repeated(fn, a.warm) for k, fn in fns.items()}
+        times, after = timed_rounds(timer, fns, a.rounds, shuffle=a.order == "shuffled")
+        if a.warm:
+            times = {k: per_call(t, a.warm) for k, t in times.items()}
     finally:
         torch.cuda.synchronize()
         for launcher in launchers:

@@ -135,3 +135,13 @@ def test_render_variants_renders_with_the_other_checkouts_templates(tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"render-variants: {ab}:1: ") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_warm_samples_time_n_calls_and_report_one():
+    from dwgen.bench import Timing
+
+    calls = []
+    probe_ab.repeated(lambda: calls.append(1), 20)()
+    assert len(calls) == 20
+    one = probe_ab.per_call(Timing(2.0, 1.0, 3, (2.0, 4.0, 1.0)), 20)
+    assert (one.median_ms, one.min_ms, one.reps, one.samples) == (0.1, 0.05, 3, (0.1, 0.2, 0.05))

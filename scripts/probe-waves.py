@@ -1,0 +1,78 @@
+"""Which kernel the frozen module runs on each row of a suite file, launched a few times so that Nsight Compute
+can read its grid, occupancy and waves (run it under `ncu --section LaunchStats --section Occupancy`), and, with
+--time, each row's median time beside copy_ of the same bytes (x copy): how an untuned row's ratio moves with
+the wave fill of its grid (docs/perf-notes.md, fifty-eighth session)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dwgen.check import make_inputs  # noqa: E402
+from dwgen.suite import add_problem_arguments, problem_from_args  # noqa: E402
+
+
+def rows(path: str):
+    ap = argparse.ArgumentParser()
+    add_problem_arguments(ap)
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            yield line, problem_from_args(ap.parse_args(shlex.split(line)))
+
+
+def median_ms(fn, rounds: int) -> float:
+    import torch
+
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("file")
+    ap.add_argument("--time", action="store_true", help="time each row beside copy_ (no ncu)")
+    ap.add_argument("--rounds", type=int, default=60)
+    a = ap.parse_args()
+    import torch
+
+    import generated
+
+    for line, p in rows(a.file):
+        x, w, b = make_inputs(p, seed=1)
+        act = p.activation if p.activation != "none" else None
+        kw = dict(stride=p.stride, padding=p.padding_arg, dilation=p.dilation, activation=act)
+        name = generated.kernel_for(x, w, b, **kw)
+        call = lambda: generated.depthwise_conv1d(x, w, b, **kw)  # noqa: E731
+        if not a.time:
+            call()  # one launch a row for ncu
+            torch.cuda.synchronize()
+            print(f"{line} | {name}", flush=True)
+            continue
+        y = call()
+        src, dst = x.new_empty(x.numel()), y.new_empty(max(x.numel(), y.numel()))
+        copy = lambda: dst[:src.numel()].copy_(src)  # noqa: E731
+        for _ in range(10):
+            call(), copy()
+        ks, cs = [], []
+        for _ in range(5):  # alternate the two in blocks, so drifts reach both
+            ks.append(median_ms(call, a.rounds // 5))
+            cs.append(median_ms(copy, a.rounds // 5))
+        k, c = sorted(ks)[2], sorted(cs)[2]
+        print(f"{line} | {name} | {k:.4f} ms | copy {c:.4f} | {k / c:.3f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
