@@ -2,21 +2,23 @@
 # The H200 plan of docs/proposed/README.md as one device call: it does nothing on another card (prints the card
 # and exits 0), so a session can ask for `nvidia-h200` and give back whatever else comes at once. On an H200:
 # the untuned rows and the two Mamba `(B, L, C)` rows timed, those two re-tuned seeded from the forty-second
-# session's module (its H200 designs asked first), the 30 forward generic keys whose choices miss on the H200
-# (K 3, 4, 5, 9 and 15, both layouts, every dtype) chosen again on it, the same rows timed again, then the
-# frozen module's tests; about 480 s. Made ready here first (neither is in git):
+# session's module (its H200 designs asked first), the 30 forward generic keys of the K values whose H100
+# choices miss on the H200 (K 3, 4, 5, 9 and 15, both layouts, every dtype) chosen again on it, the same rows
+# timed again; about 450 s. Made ready here first (neither is in git):
 #   mkdir -p .seeds42 && git archive cdc8dba generated | tar x -C .seeds42
 #   python -m search.generic --dry-run --arch sm_90 --direction fwd --layouts bcl,blc --dtypes fp32,fp16,bf16 \
 #     --kernel-sizes 3,4,5,9,15 && tar czf runs/build.tgz -C runs build      # 464 candidates, about 270 s here
-# and carried: [".whl", "runs/build.tgz"] (.seeds42 travels with the tree). Results under $OUT/a (a.tgz: logs,
+# and carried: [".whl", "runs/build.tgz"] (.seeds42 travels with the tree; without runs/build.tgz the search
+# compiles the candidates there, about a minute on 16 cores). Results under $OUT/a (a.tgz: logs,
 # generated/, benchmarks/ in results.tgz); the last lines are each row's dwgen x copy before and after.
 # `scripts/h200-plan.sh bench`, the next call (on the module that call made, unpacked into the tree here): the
-# whole bench and the host-time probe (about 200 s), whose results.md the README's table must equal.
+# whole bench, the host-time probe and the frozen module's tests (about 300 s); the README's table must equal its
+# results.md.
 set -u
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $card"
 echo "$card" | grep -q H200 || exit 0
 if [ "${1:-}" = bench ]; then
-  STEP_TIMEOUT=450 bash scripts/gpu-session.sh bench host | tail -4
+  STEP_TIMEOUT=400 bash scripts/gpu-session.sh bench host frozentests | tail -6
   exit 0
 fi
 [ -d .seeds42/generated ] || { echo "h200-plan.sh: .seeds42/generated is missing (see the header)" >&2; exit 2; }
@@ -25,7 +27,7 @@ grep -E '^--shape 8x4096x2048 --kernel-size 4 .*--layout blc' benchmarks/suite.t
 { cat /tmp/mamba.txt; grep -v '^#' benchmarks/untuned.txt | sed 's/ *#.*//'; } > /tmp/rows.txt
 OUT=$FINAL/a SEEDS=.seeds42/generated ROWS_FILE=/tmp/rows.txt TUNE_FILE=/tmp/mamba.txt TUNE_ARGS="--trials 8" \
   STEP_TIMEOUT=240 GENERIC_ARGS="--direction fwd --layouts bcl,blc --dtypes fp32,fp16,bf16 --kernel-sizes 3,4,5,9,15 --freeze-once" \
-  bash scripts/gpu-session.sh rows tunefile generic rows frozentests
+  bash scripts/gpu-session.sh rows tunefile generic rows
 echo "h200-plan rc $?"; tar czf "$FINAL/a.tgz" -C "$FINAL" a
 paste -d'|' <(grep -E '^\| [0-9]' "$FINAL/a/rows1/results.md" | awk -F'|' '{print $2 "|" $8}') \
   <(grep -E '^\| [0-9]' "$FINAL/a/rows2/results.md" | awk -F'|' '{print $8 "|" $9}')
