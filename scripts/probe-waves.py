@@ -39,38 +39,48 @@ def median_ms(fn, rounds: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def probe_row(line: str, p, timed: bool, rounds: int) -> None:
+    import torch
+
+    import generated
+
+    x, w, b = make_inputs(p, seed=1)
+    act = p.activation if p.activation != "none" else None
+    kw = dict(stride=p.stride, padding=p.padding_arg, dilation=p.dilation, activation=act)
+    name = generated.kernel_for(x, w, b, **kw)
+
+    def call():
+        return generated.depthwise_conv1d(x, w, b, **kw)
+
+    if not timed:
+        call()  # one launch a row for ncu
+        torch.cuda.synchronize()
+        print(f"{line} | {name}", flush=True)
+        return
+    y = call()
+    src, dst = x.new_empty(x.numel()), y.new_empty(max(x.numel(), y.numel()))
+
+    def copy():
+        return dst[:src.numel()].copy_(src)
+
+    for _ in range(10):
+        call(), copy()
+    ks, cs = [], []
+    for _ in range(5):  # alternate the two in blocks, so drifts reach both
+        ks.append(median_ms(call, rounds // 5))
+        cs.append(median_ms(copy, rounds // 5))
+    k, c = sorted(ks)[2], sorted(cs)[2]
+    print(f"{line} | {name} | {k:.4f} ms | copy {c:.4f} | {k / c:.3f}x", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("file")
     ap.add_argument("--time", action="store_true", help="time each row beside copy_ (no ncu)")
     ap.add_argument("--rounds", type=int, default=60)
     a = ap.parse_args()
-    import torch
-
-    import generated
-
     for line, p in rows(a.file):
-        x, w, b = make_inputs(p, seed=1)
-        act = p.activation if p.activation != "none" else None
-        kw = dict(stride=p.stride, padding=p.padding_arg, dilation=p.dilation, activation=act)
-        name = generated.kernel_for(x, w, b, **kw)
-        call = lambda: generated.depthwise_conv1d(x, w, b, **kw)  # noqa: E731
-        if not a.time:
-            call()  # one launch a row for ncu
-            torch.cuda.synchronize()
-            print(f"{line} | {name}", flush=True)
-            continue
-        y = call()
-        src, dst = x.new_empty(x.numel()), y.new_empty(max(x.numel(), y.numel()))
-        copy = lambda: dst[:src.numel()].copy_(src)  # noqa: E731
-        for _ in range(10):
-            call(), copy()
-        ks, cs = [], []
-        for _ in range(5):  # alternate the two in blocks, so drifts reach both
-            ks.append(median_ms(call, a.rounds // 5))
-            cs.append(median_ms(copy, a.rounds // 5))
-        k, c = sorted(ks)[2], sorted(cs)[2]
-        print(f"{line} | {name} | {k:.4f} ms | copy {c:.4f} | {k / c:.3f}x", flush=True)
+        probe_row(line, p, a.time, a.rounds)
     return 0
 
 
