@@ -79,6 +79,11 @@ def main() -> int:
     ap.add_argument("--time", action="store_true", help="time each row beside copy_ (no ncu)")
     ap.add_argument("--rounds", type=int, default=60)
     a = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("probe-waves: needs a CUDA GPU (it runs the frozen module)", file=sys.stderr)
+        return 2
     for line, p in rows(a.file):
         probe_row(line, p, a.time, a.rounds)
     return 0
