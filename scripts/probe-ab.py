@@ -168,6 +168,21 @@ EDITS = {
                       "its registers to fit, spilling where it must)",
                       [(re.compile(r"__launch_bounds__\((\d+)\)"), rf"__launch_bounds__(\1, {n})")])
        for n in (3, 4, 5, 6)},
+    # Resident blocks of the walk cover every channel chunk of a few (row, part) pairs: whole 8 KB position rows
+    # of the Mamba shape read together. Swapped, they cover a few chunks of many rows: is DRAM locality what the
+    # walk's 80% of peak lacks (fifty-eighth session)?
+    "gridswap": ("the walking backward's grid x and y swapped: consecutive blocks walk one channel chunk's rows",
+                 [("const int c = (static_cast<int>(blockIdx.x) * CT + ct) * CV;",
+                   "const int c = (static_cast<int>(blockIdx.y) * CT + ct) * CV;"),
+                  ("const int n = static_cast<int>(blockIdx.y) / parts, part_of_row = static_cast<int>(blockIdx.y)",
+                   "const int n = static_cast<int>(blockIdx.x) / parts, part_of_row = static_cast<int>(blockIdx.x)"),
+                  ("const int c0 = static_cast<int>(blockIdx.x) * CT * CV;",
+                   "const int c0 = static_cast<int>(blockIdx.y) * CT * CV;"),
+                  ("part[(static_cast<long long>(blockIdx.y) * C + c0 + cc)",
+                   "part[(static_cast<long long>(blockIdx.x) * C + c0 + cc)"),
+                  (re.compile(r"kernel<<<dim3\((static_cast<unsigned>\(\(C \+ CT \* CV - 1\) / \(CT \* CV\)\)), "
+                              r"(static_cast<unsigned>\(g\))\)"),
+                   r"kernel<<<dim3(\2, \1)")]),
     "pdl": ("the weight sums' launch programmatic-dependent on the kernel before it (backward families)",
             [("#include <cuda_runtime.h>\n", _PDL_LAUNCH),
              ("    constexpr int COLS = 32, GROUPS = 8;",

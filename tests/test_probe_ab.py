@@ -145,3 +145,15 @@ def test_warm_samples_time_n_calls_and_report_one():
     assert len(calls) == 20
     one = probe_ab.per_call(Timing(2.0, 1.0, 3, (2.0, 4.0, 1.0)), 20)
     assert (one.median_ms, one.min_ms, one.reps, one.samples) == (0.1, 0.05, 3, (0.1, 0.2, 0.05))
+
+
+def test_gridswap_swaps_the_walks_grid_and_leaves_the_sums_alone():
+    mamba_blc = Problem(8, 4096, 2048, 4, 1, 3, 1, "bf16", False, "blc", padding_right=0, activation="silu")
+    src = rendered("dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3", mamba_blc)
+    out = probe_ab.edited(src, "gridswap")
+    assert out is not None
+    walk, sums = out.split("_sum(", 1)[0], out.split("_sum(", 1)[1]
+    assert walk.count("blockIdx.y) * CT") == 2 and "blockIdx.x) / parts" in walk and "blockIdx.x) * C + c0" in walk
+    assert "blockIdx.x) * CT" not in walk and "blockIdx.y) / parts" not in walk
+    assert "blockIdx.x) * COLS" in sums  # the weight sums' own grid is untouched
+    assert "kernel<<<dim3(static_cast<unsigned>(g), static_cast<unsigned>((C + CT * CV - 1) / (CT * CV)))" in out
