@@ -274,6 +274,15 @@ def timed_rounds(timer, fns: dict, rounds: int, shuffle: bool) -> tuple[dict, di
     return out, after
 
 
+def warm_calls(text: str) -> int:
+    """--warm's N: a whole number of calls a sample, 1 or more."""
+    import argparse
+
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--warm takes a number of calls a sample, 1 or more, not {text!r}")
+    return int(text)
+
+
 def repeated(fn, n: int):
     """fn called n times back to back: one sample of --warm."""
     def calls():
@@ -302,7 +311,7 @@ def main(argv: list[str]) -> int:
                          f"{', '.join(sorted(EDITS))}; a+b makes both; none: the "
                          "named variants alone, side by side (designs against each other, half the builds)")
     ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--warm", type=int, default=0, metavar="N",
+    ap.add_argument("--warm", type=warm_calls, default=0, metavar="N",
                     help="time N back-to-back calls a sample with no L2 flush (times per call): on a problem whose "
                          "tensors fit in L2, what holds a kernel apart from DRAM (issue, latency, occupancy)")
     ap.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",

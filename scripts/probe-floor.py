@@ -4,21 +4,11 @@ fifty-eighth session, docs/perf-notes.md)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-def median_ms(fn, n: int = 40) -> float:
-    import torch
-
-    for _ in range(5):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for s, e in zip(starts, ends, strict=True):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return sorted(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))[n // 2]
+from dwgen.bench import Timer  # noqa: E402
 
 
 def main() -> int:
@@ -29,10 +19,11 @@ def main() -> int:
         return 2
     a = torch.randn(8 * 4096 * 2048, device="cuda", dtype=torch.bfloat16)
     b, c = torch.randn_like(a), torch.empty_like(a)
-    copy = median_ms(lambda: c.copy_(a))
+    timer = Timer(flush=False)
+    copy = timer.time(lambda: c.copy_(a), reps=40, warmup=5).median_ms
     print(f"{torch.cuda.get_device_name()}: copy_ {copy:.4f} ms")
     for name, fn in (("add", lambda: torch.add(a, b, out=c)), ("addcmul", lambda: torch.addcmul(a, a, b, out=c))):
-        t = median_ms(fn)
+        t = timer.time(fn, reps=40, warmup=5).median_ms
         print(f"{name} {t:.4f} ms, {t / copy:.3f}x copy_")
     return 0
 

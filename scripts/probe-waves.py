@@ -5,41 +5,19 @@ the wave fill of its grid (docs/perf-notes.md, fifty-eighth session)."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dwgen.bench import Timer  # noqa: E402
 from dwgen.check import make_inputs  # noqa: E402
-from dwgen.suite import add_problem_arguments, problem_from_args  # noqa: E402
+from dwgen.problem import ProblemError  # noqa: E402
+from dwgen.suite import read_suite  # noqa: E402
 
 
-def rows(path: str):
-    ap = argparse.ArgumentParser()
-    add_problem_arguments(ap)
-    for line in Path(path).read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            yield line, problem_from_args(ap.parse_args(shlex.split(line)))
-
-
-def median_ms(fn, rounds: int) -> float:
-    import torch
-
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
-
-
-def probe_row(line: str, p, timed: bool, rounds: int) -> None:
+def probe_row(p, timed: bool, rounds: int) -> None:
     import torch
 
     import generated
@@ -55,7 +33,7 @@ def probe_row(line: str, p, timed: bool, rounds: int) -> None:
     if not timed:
         call()  # one launch a row for ncu
         torch.cuda.synchronize()
-        print(f"{line} | {name}", flush=True)
+        print(f"{p.key} | {name}", flush=True)
         return
     y = call()
     src, dst = x.new_empty(x.numel()), y.new_empty(max(x.numel(), y.numel()))
@@ -63,14 +41,13 @@ def probe_row(line: str, p, timed: bool, rounds: int) -> None:
     def copy():
         return dst[:src.numel()].copy_(src)
 
-    for _ in range(10):
-        call(), copy()
+    timer = Timer(flush=False)
     ks, cs = [], []
     for _ in range(5):  # alternate the two in blocks, so drifts reach both
-        ks.append(median_ms(call, rounds // 5))
-        cs.append(median_ms(copy, rounds // 5))
+        ks.append(timer.time(call, reps=rounds // 5).median_ms)
+        cs.append(timer.time(copy, reps=rounds // 5).median_ms)
     k, c = sorted(ks)[2], sorted(cs)[2]
-    print(f"{line} | {name} | {k:.4f} ms | copy {c:.4f} | {k / c:.3f}x", flush=True)
+    print(f"{p.key} | {name} | {k:.4f} ms | copy {c:.4f} | {k / c:.3f}x", flush=True)
 
 
 def main() -> int:
@@ -79,13 +56,18 @@ def main() -> int:
     ap.add_argument("--time", action="store_true", help="time each row beside copy_ (no ncu)")
     ap.add_argument("--rounds", type=int, default=60)
     a = ap.parse_args()
+    try:
+        problems = read_suite(Path(a.file))
+    except ProblemError as e:
+        print(f"probe-waves: {e}", file=sys.stderr)
+        return 2
     import torch
 
     if not torch.cuda.is_available():
         print("probe-waves: needs a CUDA GPU (it runs the frozen module)", file=sys.stderr)
         return 2
-    for line, p in rows(a.file):
-        probe_row(line, p, a.time, a.rounds)
+    for p in problems:
+        probe_row(p, a.time, a.rounds)
     return 0
 
 

@@ -157,3 +157,12 @@ def test_gridswap_swaps_the_walks_grid_and_leaves_the_sums_alone():
     assert "blockIdx.x) * CT" not in walk and "blockIdx.y) / parts" not in walk
     assert "blockIdx.x) * COLS" in sums  # the weight sums' own grid is untouched
     assert "kernel<<<dim3(static_cast<unsigned>(g), static_cast<unsigned>((C + CT * CV - 1) / (CT * CV)))" in out
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "two"])
+def test_warm_refuses_anything_but_a_count_of_calls(text):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="1 or more"):
+        probe_ab.warm_calls(text)
+    assert probe_ab.warm_calls("20") == 20
