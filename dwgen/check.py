@@ -325,7 +325,8 @@ def _compare_gradients(p: Problem, got: tuple, refs: tuple, scales: tuple, what_
     return CheckOutcome(True, "", worst)
 
 
-def check_backward(p: Problem, run: Callable, seeds=(0, 1), cache: BackwardReferenceCache | None = None) -> CheckOutcome:
+def check_backward(p: Problem, run: Callable, seeds=(0, 1),
+                   cache: BackwardReferenceCache | None = None) -> CheckOutcome:
     """Run `run(problem, x, w, b, gy, gx, gw, gb)` (outputs NaN-filled, gx in x's layout) and compare all three
     with float64 autograd of the problem (its paddings and its activation)."""
     import torch

@@ -24,8 +24,8 @@ from dwgen.space import (
     direction_key,
     generic_key,
     generic_variants,
-    narrow_variants,
     make_config,
+    narrow_variants,
     signature,
 )
 

@@ -207,7 +207,8 @@ def _fast_narrow_calls(mod, cache) -> list[str]:
                 causal = mod._scope(t, name) in CAUSAL_SCOPES
                 q = Problem(2, 3 * multiple, 304, k, 1, h, 1, dtype, bias=True, layout=layout,
                             padding_right=0 if causal else h)
-                calls = [q, replace(q, length=301, padding_right=0), replace(q, padding=h // 2, padding_right=h - h // 2)]
+                calls = [q, replace(q, length=301, padding_right=0),
+                         replace(q, padding=h // 2, padding_right=h - h // 2)]
                 for call in (c for q_ in calls for c in (q_, replace(q_, activation="silu"))):
                     left, right = call.paddings
                     want = next((n for n in names if mod._admits(mod._scope(t, n), k, left, right, call.activation,

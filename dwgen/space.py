@@ -461,7 +461,8 @@ def narrow_variants(chosen: dict[str, dict] | None, narrow: dict[str, list[dict]
         for dtype in DTYPES:
             for k in GENERIC_KERNEL_SIZES:
                 p = generic_problem(k, dtype, layout)
-                variants = [v for scope in GENERIC_SCOPES for v in nearest_narrow(chosen or {}, narrow, p, scope, direction)]
+                variants = [v for scope in GENERIC_SCOPES
+                            for v in nearest_narrow(chosen or {}, narrow, p, scope, direction)]
                 if variants:
                     out.append(variants)
     return out

@@ -97,14 +97,15 @@ def main(argv: list[str]) -> int:
         y = cp.empty(nout * 8, dtype=cp.int16)
         grid = ((nout + 255) // 256,)
         fns = {"copy_": bench.copy_operands(p)}
+        args = (x, y, cp.int64(nout), cp.int32(s))
         for name, k in kernels.items():
-            fns[name] = lambda k=k: k(grid, (256,), (x, y, cp.int64(nout), cp.int32(s)))
+            fns[name] = lambda k=k, g=grid, args=args: k(g, (256,), args)
         if a.with_dwgen:
             from generated import depthwise_conv1d
 
             xd = xt.view(p.batch, p.channels, p.length)
             wd = torch.randn(p.channels, 1, p.kernel_size, device="cuda", dtype=torch.bfloat16)
-            fns["dwgen"] = lambda: depthwise_conv1d(xd, wd, None, stride=p.stride, padding=p.padding)
+            fns["dwgen"] = lambda xd=xd, wd=wd, p=p: depthwise_conv1d(xd, wd, None, stride=p.stride, padding=p.padding)
         times, rounds = bench.time_rounds(fns, flush=bench.needs_flush(p))
         copy = times["copy_"]
         cells = []

@@ -30,8 +30,8 @@ from dwgen.space import (
     GENERIC_KERNEL_SIZES,
     GENERIC_SCOPES,
     Variant,
-    generic_choice_key,
     family_of_config,
+    generic_choice_key,
     generic_problem,
     scope_admits,
     scope_stand_in,
@@ -114,10 +114,12 @@ def bwd_candidates(dtype: str, layout: str) -> list:
     # t128_o8_n2_ahead (bwdlane.KNOWN_GOOD); and the two frozen for tuned problems since (generated/'s manifest,
     # forty-second session): the Mamba SiLU backward's t128_o8_n2_h2 (1.57x copy) and bf16 K7's t128_o8_n16_h2
     # (1.57x; a block walks up to 16 rows of a channel, so B <= 16 takes one launch)
-    designs += [bwdlane.Config(threads=64, outs=8, rows=2, halves=2), bwdlane.Config(threads=128, outs=8, rows=4, halves=2),
+    designs += [bwdlane.Config(threads=64, outs=8, rows=2, halves=2),
+                bwdlane.Config(threads=128, outs=8, rows=4, halves=2),
                 bwdlane.Config(threads=128, outs=8, rows=2), bwdlane.Config(threads=256, outs=8, ahead=True, halves=2),
                 bwdlane.Config(threads=128, outs=8, rows=2, ahead=True),
-                bwdlane.Config(threads=128, outs=8, rows=2, halves=2), bwdlane.Config(threads=128, outs=8, rows=16, halves=2)]
+                bwdlane.Config(threads=128, outs=8, rows=2, halves=2),
+                bwdlane.Config(threads=128, outs=8, rows=16, halves=2)]
     if DTYPES[dtype].bytes < 4:
         designs += [bwd.Config(threads=128, outs=8, stage="rawp", tiles=4),
                     bwd.Config(threads=128, outs=16, stage="rawp", tiles=2)]
@@ -332,7 +334,8 @@ def record_path(runs: Path, k: int, dtype: str, layout: str, direction: str = "f
     """Where one (dtype, layout, K)'s measured choice is kept, named by the digests of the candidates it
     weighed: a changed template or candidate list names a new file, so an old measurement is never reused."""
     digests = sorted(v.digest for v in candidate_variants(k, dtype, layout, direction))
-    tag = hashlib.sha256(json.dumps([digests, [p.key for p in training_problems(k, dtype, layout, direction)]]).encode())
+    keys = [p.key for p in training_problems(k, dtype, layout, direction)]
+    tag = hashlib.sha256(json.dumps([digests, keys]).encode())
     key = generic_choice_key(generic_problem(k, dtype, layout), direction)
     return runs / "generic" / f"{key}-{tag.hexdigest()[:12]}.json"
 

@@ -5,8 +5,8 @@ Why: the fiftieth session's re-tune of the fp16 K4 stride 4 stand-in (4x1536x500
 ahead there, which read 1.08x -> 1.13x copy on an untuned 8x1024x6000 problem of the same signature. One size
 cannot tell a size-dependent design apart. One more size was not enough either (fifty-first session): at
 8x1536x3968 a row design was 4% ahead of the committed one, which search.compare then measured 2-5% ahead at three
-other sizes and tied at the stand-in's. So the finalists are weighed at three other sizes of different shapes, by the geometric mean of
-their relative times.
+other sizes and tied at the stand-in's. So the finalists are weighed at three other sizes of different shapes, by
+the geometric mean of their relative times.
 """
 from __future__ import annotations
 
@@ -128,7 +128,8 @@ class OtherSizes:
         self.relative = {c.variant.name: [math.inf] for c in lendable}
         self.times = {}
         if not lendable:
-            self.log(f"stand-in: no finalist's launch takes sizes at run time; {shape_text(self.problem)} decides alone")
+            self.log("stand-in: no finalist's launch takes sizes at run time; "
+                     f"{shape_text(self.problem)} decides alone")
             return self.relative
         passed = list(lendable)
         timed: list[dict[str, float]] = []

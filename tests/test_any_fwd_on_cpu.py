@@ -35,9 +35,11 @@ int main(int argc, char** argv) {
     const long long ybytes = (yn * e + 63) / 64 * 64 + 64;
     void* y = std::aligned_alloc(64, ybytes);
     std::memset(y, 0xff, ybytes);  // NaN in every type: an output left unwritten shows, and so does a write past y
-    if (std::fread(x, e, xn, in) != static_cast<size_t>(xn) || std::fread(w, e, C * K, in) != static_cast<size_t>(C * K) ||
+    if (std::fread(x, e, xn, in) != static_cast<size_t>(xn) ||
+        std::fread(w, e, C * K, in) != static_cast<size_t>(C * K) ||
         std::fread(b, e, C, in) != static_cast<size_t>(C)) return 3;
-    if (CAT(dwgen_launch_, NAME)(x, w, v[9] ? b : nullptr, y, B, C, L, Lout, K, S, P, D, act, xs, ys, nullptr) != 0) return 4;
+    if (CAT(dwgen_launch_, NAME)(x, w, v[9] ? b : nullptr, y, B, C, L, Lout, K, S, P, D, act, xs, ys, nullptr) != 0)
+        return 4;
     for (long long i = yn * e; i < ybytes; ++i)
         if (static_cast<unsigned char*>(y)[i] != 0xff) return 5;
     FILE* out = std::fopen(argv[2], "wb");
@@ -321,7 +323,10 @@ int main() {
     using namespace CAT(NAME, _ns);
     const long long top = 0x7fffffffLL;
     unsigned long long state = 12345;
-    auto rnd = [&]() { state = state * 6364136223846793005ULL + 1442695040888963407ULL; return (long long)(state >> 33); };
+    auto rnd = [&]() {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        return (long long)(state >> 33);
+    };
     long long divisors[8000], bad = 0, checked = 0, nd = 0;
     for (long long d = 1; d <= 5000; ++d) divisors[nd++] = d;
     for (int s = 1; s <= 30; ++s) for (long long e = -1; e <= 1; ++e) divisors[nd++] = (1LL << s) + e;

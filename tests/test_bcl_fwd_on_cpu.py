@@ -112,7 +112,8 @@ PAST_THE_HALO = [
      Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
     (bcl(2, 3, 129, 3, 1, 5, 1, "bf16", padding_right=40), Config(threads=64, vec=8, outs=2, halo="l1", cap=True)),
     # the fp32 candidate of one group of two runs (search.generic, forty-third session)
-    (bcl(2, 3, 301, 4, 1, 9, 1, "fp32", padding_right=6, bias=True), Config(threads=64, vec=4, outs=1, run=2, halo="l1")),
+    (bcl(2, 3, 301, 4, 1, 9, 1, "fp32", padding_right=6, bias=True),
+     Config(threads=64, vec=4, outs=1, run=2, halo="l1")),
 ]
 
 

@@ -114,8 +114,8 @@ def check(binaries, dtype, bsz, ch, length, k, stride, left, right, dilation, ac
 # (B, C, L, K, stride, left, right, dilation): staged (stride 1: one chunk crossing rows, two chunks, K past
 # TAPS, causal, a dilation, K 1, a long reach past one pass of the weight sums; K 3 over 1701 outputs, whose
 # last segment ends inside a step of four; K 2 at dilation 3 and K 1 at dilation 2, whose taps take two and
-# four warps each; K 40 at dilation 1, two passes of groups of four taps), then unstaged (a stride, a reach past shared memory, rows
-# shorter than a block's threads, where grad_x stays staged and the partials do not)
+# four warps each; K 40 at dilation 1, two passes of groups of four taps), then unstaged (a stride, a reach past
+# shared memory, rows shorter than a block's threads, where grad_x stays staged and the partials do not)
 CASES = [(2, 2, 1500, 15, 1, 7, 7, 1), (3, 2, 2000, 4, 1, 3, 0, 1), (1, 3, 1100, 31, 1, 15, 15, 1),
          (2, 2, 900, 5, 1, 8, 0, 2), (1, 2, 700, 1, 1, 0, 0, 1), (1, 1, 2500, 64, 1, 30, 30, 40),
          (2, 3, 1701, 3, 1, 1, 1, 1), (1, 2, 2200, 2, 1, 1, 0, 3), (1, 2, 700, 1, 1, 0, 0, 2),

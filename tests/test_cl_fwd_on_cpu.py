@@ -112,7 +112,8 @@ def test_matches_float64_on_cpu(binaries, p, c):
 PAST_THE_HALO = [
     (blc(2, 16, 301, 12, 1, 14, 1, "fp32", padding_right=16, bias=True),
      Config(threads=128, vec=2, outs=8, steps=4, cthreads=32)),
-    (blc(1, 24, 500, 15, 1, 19, 1, "fp16", padding_right=15), Config(threads=128, vec=2, outs=4, steps=16, cthreads=32)),
+    (blc(1, 24, 500, 15, 1, 19, 1, "fp16", padding_right=15),
+     Config(threads=128, vec=2, outs=4, steps=16, cthreads=32)),
     (blc(2, 32, 99, 10, 1, 10, 1, "bf16", padding_right=30, activation="silu"),
      Config(threads=128, vec=4, outs=4, steps=16, cthreads=32)),
     (blc(1, 24, 500, 9, 1, 12, 1, "fp16", padding_right=12), Config(threads=128, vec=4, outs=4, steps=16, cthreads=32,

@@ -373,10 +373,10 @@ def test_the_launcher_keys_tuned_rows_by_both_paddings_and_the_activation():
 
 
 def freeze_with_narrow_designs(out) -> tuple[dict, dict, Variant, Variant, Variant]:
-    """The committed generic choices, less fp16's backward ones, with three narrow designs measured beside fused ones (the lane backward at
-    fp16 K8, the split backward at fp16 K15, the walk backward at fp16 (B, L, C) K4), frozen into out: the
-    manifest, the fused designs by key, the lane, split and walk designs, each built as the freeze builds it (on a
-    stand-in of its scope)."""
+    """The committed generic choices, less fp16's backward ones, with three narrow designs measured beside fused
+    ones (the lane backward at fp16 K8, the split backward at fp16 K15, the walk backward at fp16 (B, L, C) K4),
+    frozen into out: the manifest, the fused designs by key, the lane, split and walk designs, each built as the
+    freeze builds it (on a stand-in of its scope)."""
     from dwgen.families import bwd, bwdlane, bwdtc, bwdwalk
     from dwgen.space import generic_problem, scope_stand_in
 
@@ -391,7 +391,8 @@ def freeze_with_narrow_designs(out) -> tuple[dict, dict, Variant, Variant, Varia
     chosen = {f"fp16_{layout}_k{k}_bwd": {"config": fused[f].config_dict, "kernel": fused[f].name,
                                           "geomean_x_copy": 2.5,
                                           "narrow": [{"scope": s, "config": v.config_dict, "kernel": v.name}]}
-              for layout, k, f, s, v in (("bcl", 8, 8, "causal_or_centred", lane), ("bcl", 15, 15, "within_halo", split),
+              for layout, k, f, s, v in (("bcl", 8, 8, "causal_or_centred", lane),
+                                         ("bcl", 15, 15, "within_halo", split),
                                          ("blc", 4, "blc4", "left_halo", walk))}
     # the committed module's fp16 backward measurements left out: these three alone decide fp16's backward tables
     committed = {key: c for key, c in freeze.read_manifest(freeze.DEFAULT_DIR)["generic"]["chosen"].items()
@@ -612,8 +613,8 @@ def test_the_launcher_and_the_python_dispatch_agree_on_the_fast_kernels_reach_an
     # the narrow kernels' scopes (kernel_for's _admits): within the halo without an activation; causal, or centred
     # without an activation, on rows of whole vectors
     assert "case 1: return act == 0 && std::max(pl, pr) <= h;" in text
-    assert "case 2: return x.size(2) % (16 / x.element_size()) == 0 && x.size(0) <= 65535 && x.size(2) <= (1 << 30) &&" \
-        in text
+    assert ("case 2: return x.size(2) % (16 / x.element_size()) == 0 && x.size(0) <= 65535 && "
+            "x.size(2) <= (1 << 30) &&") in text
     assert "((pl == h && pr == 0) || (pl == h / 2 && pr == h - h / 2 && act == 0));" in text
     assert "case 3: return pl == h && Lout <= (1 << 30) && x.size(0) * ((Lout + 1023) / 1024) <= 65535;" in text
     assert frozen_dispatch._LEFT_HALO_SPAN == LEFT_HALO_SPAN == 1024

@@ -45,9 +45,9 @@ def test_a_wrong_dispatch_or_result_is_one_line_each(monkeypatch):
 
 def test_each_narrow_fast_kernel_is_called_in_its_scope_causal_and_centred_plain_and_with_silu(tmp_path, monkeypatch):
     """The gate's walk over the narrow fast generic kernels (frozen here beside the fused ones: the lane backward
-    at fp16 K8, the split one at fp16 K15, the walk one at fp16 (B, L, C) K4), each call dispatched by the module's own rule on CPU tensors (a
-    centred call of an even filter as padding='same') and the op call stood in for: nothing fails, and each
-    narrow kernel gets the calls of its scope."""
+    at fp16 K8, the split one at fp16 K15, the walk one at fp16 (B, L, C) K4), each call dispatched by the module's
+    own rule on CPU tensors (a centred call of an even filter as padding='same') and the op call stood in for:
+    nothing fails, and each narrow kernel gets the calls of its scope."""
     import torch
 
     from tests.test_freeze import freeze_with_narrow_designs

@@ -402,8 +402,8 @@ def test_backward_candidates_are_valid_distinct_and_hold_the_first_design(dtype,
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("k", [1, 4, 9, 16])
 def test_each_scope_is_measured_on_calls_it_takes_and_mamba_s_call_is_among_them(k, layout, direction):
-    from search.generic import scope_problems
     from dwgen.space import scope_admits
+    from search.generic import scope_problems
 
     shapes = scope_problems(k, "bf16", layout, direction)
     assert all(scope_admits(scope, p) for scope, ps in shapes.items() for p in ps)
@@ -426,8 +426,8 @@ def test_the_forward_weighs_lane_row_walks_for_causal_and_centred_calls_where_th
         lanes = [v for v in candidate_variants(k, dtype, "bcl") if v.family.name == "dw1d_lane"]
         reach = 9 if dtype != "fp32" else 5
         assert (len(lanes) == 4) == (k <= reach) and (not lanes) == (k > reach), (dtype, k)
-        assert all(v.config.walk == "row" and v.problem == scope_stand_in(generic_problem(k, dtype), "causal_or_centred")
-                   for v in lanes)
+        stand_in = scope_stand_in(generic_problem(k, dtype), "causal_or_centred")
+        assert all(v.config.walk == "row" and v.problem == stand_in for v in lanes)
     assert not any(v.family.name == "dw1d_lane" for v in candidate_variants(4, dtype, "blc"))
     q = scope_stand_in(generic_problem(4, dtype), "causal_or_centred")
     assert scope_violations(q, lane.Config(threads=128, vecs=2, spread=True), "causal_or_centred")

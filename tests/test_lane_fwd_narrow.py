@@ -31,8 +31,8 @@ def frozen(tmp_path_factory):
     shutil.copytree(ROOT / "generated", out)
     chosen = copy.deepcopy(freeze.read_manifest(out)["generic"]["chosen"])
     for key in DESIGNS:
-        chosen[key]["narrow"] = [{"scope": "causal_or_centred", "config": {**DESIGNS[key].to_dict(), "family": "dw1d_lane"},
-                                  "kernel": lane_name(key)}]
+        config = {**DESIGNS[key].to_dict(), "family": "dw1d_lane"}
+        chosen[key]["narrow"] = [{"scope": "causal_or_centred", "config": config, "kernel": lane_name(key)}]
     m = freeze.freeze([], out, log=lambda s: None, generic=chosen)
     mod = gate.load_frozen(out, "dwgen_frozen_lane_fwd")
     return m, mod, mod._trusted(m, out, "9.0"), out
@@ -70,7 +70,8 @@ def test_frozen_as_forward_narrow_kernels_of_their_keys(frozen):
     mine = {t.kernels[n][0] for n in names.values()}
     rows = [r for r in mod._table_rows(t)[1] if r[0] == 0 and r[4] > 0 and r[6] in mine]
     assert sorted(r[6] for r in rows) == sorted(mine)
-    assert all(r[2] == 0 and r[4:6] == [1, mod._SCOPES.index("causal_or_centred")] and r[7:] == [16, 1, 0] for r in rows)
+    scope = mod._SCOPES.index("causal_or_centred")
+    assert all(r[2] == 0 and r[4:6] == [1, scope] and r[7:] == [16, 1, 0] for r in rows)
     launcher = (out / m["launcher"]).read_text()
     table, declared = mod._launcher_table(launcher)
     for n in names.values():
@@ -101,7 +102,8 @@ def test_kernel_for_runs_a_lane_kernel_exactly_where_its_scope_admits_the_call(m
                     ran.add(got == name)
     assert ran == {True, False}
     fp32 = Problem(2, 3, 1004, 3, 1, 2, 1, "fp32", padding_right=0)  # whole fp32 vectors, not 16-bit ones
-    assert choice(mod, fp32) == lane_name("fp32_bcl_k3") and choice(mod, replace(fp32, length=1002)) != lane_name("fp32_bcl_k3")
+    assert choice(mod, fp32) == lane_name("fp32_bcl_k3")
+    assert choice(mod, replace(fp32, length=1002)) != lane_name("fp32_bcl_k3")
     assert choice(mod, Problem(2, 3, 1004, 4, 1, 3, 1, "bf16", padding_right=0)) == t.fast["bf16_bcl_k4"]
 
 

@@ -91,7 +91,8 @@ def generic_binaries(tmp_path_factory):
     from dwgen.space import generic_problem, scope_stand_in
 
     tmp = tmp_path_factory.mktemp("lane_fwd_generic_cpu")
-    variants = [Variant(scope_stand_in(generic_problem(k, dtype), "causal_or_centred"), c) for k, dtype, c in GENERIC_LANE]
+    variants = [Variant(scope_stand_in(generic_problem(k, dtype), "causal_or_centred"), c)
+                for k, dtype, c in GENERIC_LANE]
     return build_all(variants, tmp, MAIN), variants, tmp
 
 

@@ -272,7 +272,8 @@ def test_a_stand_in_tune_weighs_its_finalists_at_the_other_sizes(tmp_path, monke
     assert w.stand_in["score"] == score[w.variant.name]
     assert list(w.stand_in["sizes"]) == [standin.shape_text(q) for q in sizes]
     for (there, q), t in zip(fw.retimed[1:], w.stand_in["sizes"].values(), strict=True):
-        assert t == {"kernel_ms": there[w.variant.name], "copy_ms": _copy(q), "x_copy": there[w.variant.name] / _copy(q)}
+        ms = there[w.variant.name]
+        assert t == {"kernel_ms": ms, "copy_ms": _copy(q), "x_copy": ms / _copy(q)}
     assert any(s.startswith("stand-in: each finalist's time over the fastest's") and w.variant.name in s
                for s in lines)
     head, row = lines[-2:]  # the winners' table: x copy at the other sizes, least to most
@@ -315,8 +316,10 @@ def test_the_stand_in_is_outranked_exactly_where_the_dispatcher_lends_another_ke
                _entry(Problem(16, 32, 4096, **s2), "c"),  # as large as `bigger`, after it by key
                _entry(Problem(64, 64, 4096, **s2), "fixed"),  # larger, but not lent
                _entry(Problem(64, 64, 4096, kernel_size=5, stride=2), "d")]  # another signature
-    cases = [(STRIDED, entries, bigger.key), (bigger, entries, None), (Problem(16, 32, 4096, **s2), entries, bigger.key),
-             (STRIDED, entries[2:], Problem(16, 32, 4096, **s2).key), (STRIDED, [_entry(tie_first, "e")], tie_first.key),
+    cases = [(STRIDED, entries, bigger.key), (bigger, entries, None),
+             (Problem(16, 32, 4096, **s2), entries, bigger.key),
+             (STRIDED, entries[2:], Problem(16, 32, 4096, **s2).key),
+             (STRIDED, [_entry(tie_first, "e")], tie_first.key),
              (STRIDED, [_entry(Problem(64, 64, 4096, **s2), "fixed")], None),
              (STRIDED, [_entry(bigger, "b", direction="bwd")], None)]
     for p, es, want in cases:

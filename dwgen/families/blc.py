@@ -94,9 +94,10 @@ class Tiling:
 
     @property
     def slots(self) -> int:
-        """Register slots of the window: WIN where it slides by moves. Renamed, the step loop is unrolled until the slots' names repeat, so the window
-        slides without moves; where WIN slots would take more than 8 steps to repeat, a few more slots (at most
-        16 registers) that repeat within 8 are taken instead (fp16 K15, 4 outputs a step: 20 slots, 5 steps)."""
+        """Register slots of the window: WIN where it slides by moves. Renamed, the step loop is unrolled until
+        the slots' names repeat, so the window slides without moves; where WIN slots would take more than 8 steps
+        to repeat, a few more slots (at most 16 registers) that repeat within 8 are taken instead (fp16 K15, 4
+        outputs a step: 20 slots, 5 steps)."""
         win, steps = self.window, self.config.steps
         if not self.config.rename or min(self._period(win), steps) <= 8:
             return win
