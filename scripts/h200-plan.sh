@@ -17,6 +17,8 @@
 # whole bench, the host-time probe and the frozen module's tests (about 300 s); the README's table must equal its
 # results.md.
 set -u
+case "${1:-}" in ''|short|mamba|bench) ;;  # a mistyped mode would otherwise run the whole plan
+  *) echo "h200-plan.sh: unknown mode '$1': give none, short, mamba or bench" >&2; exit 2 ;; esac
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $card"
 echo "$card" | grep -q H200 || exit 0
 steps="rows tunefile generic rows"

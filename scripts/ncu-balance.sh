@@ -5,28 +5,26 @@
 # early would sit idle while the slowest blocks end. This reads, under Nsight Compute, each kernel's SM-active
 # cycles (mean, least and most over the SMs) against its elapsed cycles, its waves an SM and DRAM's share of peak,
 # for both walk designs, the lane design and torch.add / copy_ on tensors of the same size. Logs to $OUT/balance.log.
-# Run on the device with `.whl` carried: bash scripts/ncu-balance.sh
+# Run on the device (probe-variant.py needs no optuna, so nothing need be carried): bash scripts/ncu-balance.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
 metrics='gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max'
 metrics+=',launch__grid_size,launch__waves_per_multiprocessor,launch__occupancy_per_block_size'
 metrics+=',dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum'
 mamba='--shape 8x4096x2048 -k 4 --dtype bf16 --direction bwd'
 probe() { ncu --clock-control none --metrics "$metrics" --nvtx --nvtx-include probe/ -k regex:dw1d -c 2 \
             python3 scripts/probe-variant.py --reps 2 "$@"; }
+rc=0  # any part that fails makes the whole run fail, so that a missing kernel is not read as a result
 {
-  probe $mamba --padding causal --activation silu --layout blc dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3
-  probe $mamba --padding 3 --layout blc dw1d_bwdwalk_bf16_k4_t256_c32_v4_s128_u4_a3
-  probe $mamba --padding causal --activation silu dw1d_bwdlane_bf16_k4_t128_o8_n2_h2
+  probe $mamba --padding causal --activation silu --layout blc dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3 || rc=1
+  probe $mamba --padding 3 --layout blc dw1d_bwdwalk_bf16_k4_t256_c32_v4_s128_u4_a3 || rc=1
+  probe $mamba --padding causal --activation silu dw1d_bwdlane_bf16_k4_t128_o8_n2_h2 || rc=1
   ncu --clock-control none --metrics "$metrics" -k 'regex:elementwise|copy' --launch-skip 2 -c 2 python3 -c "
 import torch
 a = torch.randn(8, 4096, 2048, device='cuda', dtype=torch.bfloat16); b = a.clone(); c = torch.empty_like(a)
-torch.add(a, b, out=c); c.copy_(a); torch.cuda.synchronize()"
+torch.add(a, b, out=c); c.copy_(a); torch.cuda.synchronize()" || rc=1
 } > "$OUT/balance.log" 2>&1
-echo "ncu-balance rc $?"
+echo "ncu-balance rc $rc"
 grep -E '^  [a-zA-Z_]|dw1d_|elementwise|copy|correct|WRONG' "$OUT/balance.log" | grep -v '^==PROF==' | cut -c1-150
+exit $rc
