@@ -6,6 +6,8 @@
 # cycles (mean, least and most over the SMs) against its elapsed cycles, its waves an SM and DRAM's share of peak,
 # for both walk designs, the lane design and torch.add / copy_ on tensors of the same size. Logs to $OUT/balance.log.
 # Run on the device (probe-variant.py needs no optuna, so nothing need be carried): bash scripts/ncu-balance.sh
+# (about a minute); `floor` reads torch's passes alone; `waves` the Mamba walk over grids of 256, 264 and 272 blocks
+# (scripts/ab-walkwave.txt), into $OUT/balance-waves.log.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,15 +18,27 @@ mamba='--shape 8x4096x2048 -k 4 --dtype bf16 --direction bwd'
 probe() { ncu --clock-control none --metrics "$metrics" --nvtx --nvtx-include probe/ -k regex:dw1d -c 2 \
             python3 scripts/probe-variant.py --reps 2 "$@"; }
 rc=0  # any part that fails makes the whole run fail, so that a missing kernel is not read as a result
+if [ "${1:-}" = waves ]; then  # the Mamba walk at L 1024 over 256, 264 and 272 blocks (scripts/ab-walkwave.txt)
+  for c in 8192 8448 8704; do
+    probe --shape 8x${c}x1024 -k 4 --dtype bf16 --direction bwd --padding causal --activation silu --layout blc \
+      dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3 || rc=1
+  done > "$OUT/balance-waves.log" 2>&1
+  echo "ncu-balance waves rc $rc"
+  grep -E '^  [a-zA-Z_]|dw1d_|correct|WRONG|No kernels' "$OUT/balance-waves.log" | grep -v '^==PROF==' | cut -c1-150
+  exit $rc
+fi
 {
-  probe $mamba --padding causal --activation silu --layout blc dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3 || rc=1
-  probe $mamba --padding 3 --layout blc dw1d_bwdwalk_bf16_k4_t256_c32_v4_s128_u4_a3 || rc=1
-  probe $mamba --padding causal --activation silu dw1d_bwdlane_bf16_k4_t128_o8_n2_h2 || rc=1
-  ncu --clock-control none --metrics "$metrics" -k 'regex:elementwise|copy' --launch-skip 2 -c 2 python3 -c "
+  if [ "${1:-}" != floor ]; then  # `floor`: torch's two passes alone
+    probe $mamba --padding causal --activation silu --layout blc dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3 || rc=1
+    probe $mamba --padding 3 --layout blc dw1d_bwdwalk_bf16_k4_t256_c32_v4_s128_u4_a3 || rc=1
+    probe $mamba --padding causal --activation silu dw1d_bwdlane_bf16_k4_t128_o8_n2_h2 || rc=1
+  fi
+  ncu --clock-control none --metrics "$metrics" -c 6 python3 -c "
 import torch
 a = torch.randn(8, 4096, 2048, device='cuda', dtype=torch.bfloat16); b = a.clone(); c = torch.empty_like(a)
 torch.add(a, b, out=c); c.copy_(a); torch.cuda.synchronize()" || rc=1
 } > "$OUT/balance.log" 2>&1
+grep -q 'No kernels were profiled' "$OUT/balance.log" && rc=1
 echo "ncu-balance rc $rc"
 grep -E '^  [a-zA-Z_]|dw1d_|elementwise|copy|correct|WRONG' "$OUT/balance.log" | grep -v '^==PROF==' | cut -c1-150
 exit $rc
