@@ -16,6 +16,8 @@
 # `scripts/h200-plan.sh bench`, the next call (on the module that call made, unpacked into the tree here): the
 # whole bench, the host-time probe and the frozen module's tests (about 300 s); the README's table must equal its
 # results.md.
+# Ran (sixty-first session, an H200): the whole plan 317 s (rows 46 s, tunefile 96 s, generic 126 s, rows 46 s),
+# `bench` 183 s; the module of 340afe1 and benchmarks/results.md came from those two calls.
 set -u
 case "${1:-}" in ''|short|mamba|bench) ;;  # a mistyped mode would otherwise run the whole plan
   *) echo "h200-plan.sh: unknown mode '$1': give none, short, mamba or bench" >&2; exit 2 ;; esac
