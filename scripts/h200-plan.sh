@@ -13,14 +13,20 @@
 # generated/, benchmarks/ in results.tgz); the last lines are each row's dwgen x copy before and after.
 # `scripts/h200-plan.sh short` leaves out the rows before (about 370 s); `mamba` re-tunes the Mamba SiLU row
 # alone in 4 trials and times the two Mamba rows after it.
+# `scripts/h200-plan.sh bwd` (sixty-first session's next steps, about 6 minutes; carry [".whl", "runs/build.tgz",
+# ".renders/walknew"], runs/build.tgz holding the 84 backward candidates of fp16 and bf16 (B, C, L) K 3, 4 and 7, made
+# here by `python -m search.generic --dry-run --arch sm_90 --direction bwd --layouts bcl --dtypes fp16,bf16
+# --kernel-sizes 3,4,7`, and .renders/walknew walkissue.diff's renderings, as docs/proposed/README.md says):
+# walkissue.diff's A/B on the walking backward (scripts/ab-walkissue.txt), then those six backward generic keys
+# chosen again on the H200 with the two untuned training rows they serve timed before and after.
 # `scripts/h200-plan.sh bench`, the next call (on the module that call made, unpacked into the tree here): the
 # whole bench, the host-time probe and the frozen module's tests (about 300 s); the README's table must equal its
 # results.md.
 # Ran (sixty-first session, an H200): the whole plan 317 s (rows 46 s, tunefile 96 s, generic 126 s, rows 46 s),
 # `bench` 183 s; the module of 340afe1 and benchmarks/results.md came from those two calls.
 set -u
-case "${1:-}" in ''|short|mamba|bench) ;;  # a mistyped mode would otherwise run the whole plan
-  *) echo "h200-plan.sh: unknown mode '$1': give none, short, mamba or bench" >&2; exit 2 ;; esac
+case "${1:-}" in ''|short|mamba|bench|bwd) ;;  # a mistyped mode would otherwise run the whole plan
+  *) echo "h200-plan.sh: unknown mode '$1': give none, short, mamba, bwd or bench" >&2; exit 2 ;; esac
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $card"
 echo "$card" | grep -q H200 || exit 0
 steps="rows tunefile generic rows"
@@ -28,6 +34,19 @@ steps="rows tunefile generic rows"
 [ "${1:-}" = mamba ] && steps="tunefile rows"  # less still: the Mamba re-tune alone, its rows after
 if [ "${1:-}" = bench ]; then
   STEP_TIMEOUT=400 bash scripts/gpu-session.sh bench host frozentests | tail -6
+  exit 0
+fi
+if [ "${1:-}" = bwd ]; then
+  FINAL=$OUT; mkdir -p "$FINAL/a"
+  # the untuned training rows the six keys serve: Mamba's conv at 4x2048x3072 (bf16 K4) and fp16 K7 8x1536x2048
+  grep -E -- '--kernel-size (4|7) .*--dtype (fp16|bf16) --backward --graph' benchmarks/training.txt | sed 's/ *#.*//' \
+    > /tmp/bwdrows.txt
+  OUT=$FINAL/a AB_FILE=scripts/ab-walkissue.txt ROWS_FILE=/tmp/bwdrows.txt STEP_TIMEOUT=300 \
+    GENERIC_ARGS="--direction bwd --layouts bcl --dtypes fp16,bf16 --kernel-sizes 3,4,7 --freeze-once" \
+    bash scripts/gpu-session.sh ab rows generic rows
+  echo "h200-plan bwd rc $?"; tar czf "$FINAL/a.tgz" -C "$FINAL" a
+  grep -hE 'interleaved rounds|walk.*(same|from:)|WRONG|failed' "$FINAL"/a/ab*.log | cut -c1-150
+  for r in "$FINAL"/a/rows*/results.md; do echo "$r"; grep -E '^\| [0-9]' "$r" | awk -F'|' '{print $2 "|" $6 "|" $7}'; done
   exit 0
 fi
 [ -d .seeds42/generated ] || { echo "h200-plan.sh: .seeds42/generated is missing (see the header)" >&2; exit 2; }
