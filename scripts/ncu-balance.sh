@@ -9,9 +9,12 @@
 # Run on the device (probe-variant.py needs no optuna, so nothing need be carried): bash scripts/ncu-balance.sh
 # (about a minute); `floor` reads torch's kernels alone; `waves` the Mamba walk over grids of 256, 264 and 272 blocks
 # (scripts/ab-walkwave.txt), into $OUT/balance-waves.log; `stalls` what the Mamba walk's and the lane's warps wait on
-# (Nsight Compute's warp-state and scheduler sections), into $OUT/balance-stalls.log.
+# (each stall reason's warps per issued instruction, issue-active share, scheduler and occupancy sections), into
+# $OUT/balance-stalls-walk.log and -lane.log.
 # Measured (H100, sixtieth session): SM-active 90.4% of elapsed for the Mamba walk, 92.2% P3, 96.8% the lane, 97.9%
-# torch.add; DRAM 82.1 / 85.6 / 88.0 / 90.5% of peak. `waves`: 89.0 / 93.0% SM-active at 256 / 264 blocks
+# torch.add; DRAM 82.1 / 85.6 / 88.0 / 90.5% of peak. `waves`: 89.0 / 93.0% SM-active at 256 / 264 blocks.
+# `stalls` (H200, sixty-first session): the walk 75% issue-active, long scoreboard 0.16 and not selected 1.74 warps
+# an issued instruction; the lane 86%, 3.54 and 4.13
 set -uo pipefail
 case "${1:-}" in ''|floor|waves|stalls) ;;  # a mistyped mode would otherwise run the whole read
   *) echo "ncu-balance.sh: unknown mode '$1': give none, floor, waves or stalls" >&2; exit 2 ;; esac
@@ -23,7 +26,7 @@ metrics+=',dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.s
 mamba='--shape 8x4096x2048 -k 4 --dtype bf16 --direction bwd'
 probe() { ncu --clock-control none --metrics "$metrics" --nvtx --nvtx-include probe/ -k regex:dw1d -c 2 \
             python3 scripts/probe-variant.py --reps 2 "$@"; }
-rc=0
+rc=0  # any part that fails makes the whole run fail, so that a missing kernel is not read as a result
 if [ "${1:-}" = stalls ]; then  # where the walk's warps spend the cycles its SMs are active (the lane beside it)
   for k in walk lane; do
     a=(--padding causal --activation silu --layout blc dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3)
@@ -34,13 +37,12 @@ if [ "${1:-}" = stalls ]; then  # where the walk's warps spend the cycles its SM
       python3 scripts/probe-variant.py --reps 2 $mamba "${a[@]}" > "$OUT/balance-stalls-$k.log" 2>&1 || rc=1
     grep -q 'No kernels were profiled' "$OUT/balance-stalls-$k.log" && rc=1
   done
-  echo "ncu-balance stalls rc ${rc:-0}"
+  echo "ncu-balance stalls rc $rc"
   # each stall reason's warps per issued instruction, the larger ones (a read under 0.05 says nothing)
   grep -hE 'dw1d_|stalled|issue_active|Eligible|Registers|Achieved Occ|Theoretical Occ' "$OUT"/balance-stalls-*.log |
     grep -v '^==PROF==' | awk '!/stalled/ || $NF+0 >= 0.05' | sed 's/smsp__average_warps_issue_stalled_//' | cut -c1-150
-  exit "${rc:-0}"
+  exit $rc
 fi
-rc=0  # any part that fails makes the whole run fail, so that a missing kernel is not read as a result
 if [ "${1:-}" = waves ]; then  # the Mamba walk at L 1024 over 256, 264 and 272 blocks (scripts/ab-walkwave.txt)
   for c in 8192 8448 8704; do
     probe --shape 8x${c}x1024 -k 4 --dtype bf16 --direction bwd --padding causal --activation silu --layout blc \
