@@ -36,21 +36,26 @@ if [ "${1:-}" = bench ]; then
   STEP_TIMEOUT=400 bash scripts/gpu-session.sh bench host frozentests | tail -6
   exit 0
 fi
+FINAL=$OUT; mkdir -p "$FINAL/a"
+# The call's results as one archive, then each timed row's dwgen cell and kernel: columns $1 and $2 of results.md's
+# rows (8 and 9 in the forward tables, 6 and 7 in the training table's)
+finish() { tar czf "$FINAL/a.tgz" -C "$FINAL" a
+  for r in "$FINAL"/a/rows*/results.md; do
+    echo "$r"; grep -E '^\| [0-9]' "$r" | awk -F'|' -v d="$1" -v k="$2" '{print $2 "|" $d "|" $k}'
+  done; }
 if [ "${1:-}" = bwd ]; then
-  FINAL=$OUT; mkdir -p "$FINAL/a"
   # the untuned training rows the six keys serve: Mamba's conv at 4x2048x3072 (bf16 K4) and fp16 K7 8x1536x2048
   grep -E -- '--kernel-size (4|7) .*--dtype (fp16|bf16) --backward --graph' benchmarks/training.txt | sed 's/ *#.*//' \
     > /tmp/bwdrows.txt
   OUT=$FINAL/a AB_FILE=scripts/ab-walkissue.txt ROWS_FILE=/tmp/bwdrows.txt STEP_TIMEOUT=300 \
     GENERIC_ARGS="--direction bwd --layouts bcl --dtypes fp16,bf16 --kernel-sizes 3,4,7 --freeze-once" \
     bash scripts/gpu-session.sh ab rows generic rows
-  echo "h200-plan bwd rc $?"; tar czf "$FINAL/a.tgz" -C "$FINAL" a
+  echo "h200-plan bwd rc $?"
   grep -hE 'interleaved rounds|walk.*(same|from:)|WRONG|failed' "$FINAL"/a/ab*.log | cut -c1-150
-  for r in "$FINAL"/a/rows*/results.md; do echo "$r"; grep -E '^\| [0-9]' "$r" | awk -F'|' '{print $2 "|" $6 "|" $7}'; done
+  finish 6 7
   exit 0
 fi
 [ -d .seeds42/generated ] || { echo "h200-plan.sh: .seeds42/generated is missing (see the header)" >&2; exit 2; }
-FINAL=$OUT; mkdir -p "$FINAL/a"
 grep -E '^--shape 8x4096x2048 --kernel-size 4 .*--layout blc' benchmarks/suite.txt | sed 's/ *#.*//' > /tmp/mamba.txt
 { cat /tmp/mamba.txt; grep -v '^#' benchmarks/untuned.txt | sed 's/ *#.*//'; } > /tmp/rows.txt
 trials=8
@@ -60,5 +65,5 @@ fi
 OUT=$FINAL/a SEEDS=.seeds42/generated ROWS_FILE=/tmp/rows.txt TUNE_FILE=/tmp/mamba.txt TUNE_ARGS="--trials $trials" \
   STEP_TIMEOUT=240 GENERIC_ARGS="--direction fwd --layouts bcl,blc --dtypes fp32,fp16,bf16 --kernel-sizes 3,4,5,9,15 --freeze-once" \
   bash scripts/gpu-session.sh $steps
-echo "h200-plan rc $?"; tar czf "$FINAL/a.tgz" -C "$FINAL" a
-for r in "$FINAL"/a/rows*/results.md; do echo "$r"; grep -E '^\| [0-9]' "$r" | awk -F'|' '{print $2 "|" $8 "|" $9}'; done
+echo "h200-plan rc $?"
+finish 8 9

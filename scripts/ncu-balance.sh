@@ -24,13 +24,16 @@ metrics='gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.avg,sm_
 metrics+=',launch__grid_size,launch__waves_per_multiprocessor,launch__occupancy_per_block_size'
 metrics+=',dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum'
 mamba='--shape 8x4096x2048 -k 4 --dtype bf16 --direction bwd'
+walk_silu=dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3  # the frozen designs of the Mamba rows
+walk_p3=dw1d_bwdwalk_bf16_k4_t256_c32_v4_s128_u4_a3
+lane_silu=dw1d_bwdlane_bf16_k4_t128_o8_n2_h2
 probe() { ncu --clock-control none --metrics "$metrics" --nvtx --nvtx-include probe/ -k regex:dw1d -c 2 \
             python3 scripts/probe-variant.py --reps 2 "$@"; }
 rc=0  # any part that fails makes the whole run fail, so that a missing kernel is not read as a result
 if [ "${1:-}" = stalls ]; then  # where the walk's warps spend the cycles its SMs are active (the lane beside it)
   for k in walk lane; do
-    a=(--padding causal --activation silu --layout blc dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3)
-    [ $k = lane ] && a=(--padding causal --activation silu dw1d_bwdlane_bf16_k4_t128_o8_n2_h2)
+    a=(--padding causal --activation silu --layout blc $walk_silu)
+    [ $k = lane ] && a=(--padding causal --activation silu $lane_silu)
     ncu --clock-control none --section SchedulerStats --section Occupancy --section LaunchStats \
       --metrics 'smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
       --nvtx --nvtx-include probe/ -k regex:dw1d -c 1 \
@@ -46,7 +49,7 @@ fi
 if [ "${1:-}" = waves ]; then  # the Mamba walk at L 1024 over 256, 264 and 272 blocks (scripts/ab-walkwave.txt)
   for c in 8192 8448 8704; do
     probe --shape 8x${c}x1024 -k 4 --dtype bf16 --direction bwd --padding causal --activation silu --layout blc \
-      dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3 || rc=1
+      $walk_silu || rc=1
   done > "$OUT/balance-waves.log" 2>&1
   echo "ncu-balance waves rc $rc"
   grep -E '^  [a-zA-Z_]|dw1d_|correct|WRONG|No kernels' "$OUT/balance-waves.log" | grep -v '^==PROF==' | cut -c1-150
@@ -54,9 +57,9 @@ if [ "${1:-}" = waves ]; then  # the Mamba walk at L 1024 over 256, 264 and 272 
 fi
 {
   if [ "${1:-}" != floor ]; then  # `floor`: torch's kernels alone
-    probe $mamba --padding causal --activation silu --layout blc dw1d_bwdwalk_bf16_k4_t256_c64_v4_s256_u4_a3 || rc=1
-    probe $mamba --padding 3 --layout blc dw1d_bwdwalk_bf16_k4_t256_c32_v4_s128_u4_a3 || rc=1
-    probe $mamba --padding causal --activation silu dw1d_bwdlane_bf16_k4_t128_o8_n2_h2 || rc=1
+    probe $mamba --padding causal --activation silu --layout blc $walk_silu || rc=1
+    probe $mamba --padding 3 --layout blc $walk_p3 || rc=1
+    probe $mamba --padding causal --activation silu $lane_silu || rc=1
   fi
   ncu --clock-control none --metrics "$metrics" -c 6 python3 -c "
 import torch
