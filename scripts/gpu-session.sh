@@ -64,6 +64,7 @@
 # here before the first step (runs/ is ignored by git: name runs/build.tgz in the device tool's carry).
 # Logs and generated/ and benchmarks/ come back under $OUT (results.tgz). STEP_TIMEOUT (s) bounds each step.
 set -uo pipefail
+. "$(dirname "$0")/ncu-metrics.sh"  # STALL_METRICS
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -137,7 +138,7 @@ for step in "$@"; do
     ncu) for i in ${NCU_CASES:-1 2 3}; do
            timed ncu$i ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
              --section ComputeWorkloadAnalysis \
-             --metrics 'smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+             --metrics "smsp__inst_executed.sum,$STALL_METRICS" \
              -k regex:dw1d --launch-skip 3 -c 3 python3 scripts/probe-bwd-ncu.py "$i"
          done ;;
     ncuvariant) timed ncuvariant ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \

@@ -16,6 +16,7 @@
 # `stalls` (H200, sixty-first session): the walk 75% issue-active, long scoreboard 0.16 and not selected 1.74 warps
 # an issued instruction; the lane 86%, 3.54 and 4.13
 set -uo pipefail
+. "$(dirname "$0")/ncu-metrics.sh"  # STALL_METRICS
 case "${1:-}" in ''|floor|waves|stalls) ;;  # a mistyped mode would otherwise run the whole read
   *) echo "ncu-balance.sh: unknown mode '$1': give none, floor, waves or stalls" >&2; exit 2 ;; esac
 export PYTHONUNBUFFERED=1
@@ -35,7 +36,7 @@ if [ "${1:-}" = stalls ]; then  # where the walk's warps spend the cycles its SM
     a=(--padding causal --activation silu --layout blc $walk_silu)
     [ $k = lane ] && a=(--padding causal --activation silu $lane_silu)
     ncu --clock-control none --section SchedulerStats --section Occupancy --section LaunchStats \
-      --metrics 'smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+      --metrics "$STALL_METRICS" \
       --nvtx --nvtx-include probe/ -k regex:dw1d -c 1 \
       python3 scripts/probe-variant.py --reps 2 $mamba "${a[@]}" > "$OUT/balance-stalls-$k.log" 2>&1 || rc=1
     grep -q 'No kernels were profiled' "$OUT/balance-stalls-$k.log" && rc=1
