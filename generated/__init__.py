@@ -723,8 +723,9 @@ def kernel_for(x, weight, bias=None, stride=1, padding=0, dilation=1, direction=
                 return narrow
         other = (t.fast if direction == "fwd" else t.fast_bwd).get(key)
     elif max(left, right) <= (k - 1) * dilation:
-        other = (t.lent if direction == "fwd" else t.lent_bwd).get(_signature(dict(
-            kernel_size=k, stride=stride, dilation=dilation, dtype=dtype, layout=layout, activation=activation or "none")))
+        lent = t.lent if direction == "fwd" else t.lent_bwd
+        other = lent.get(_signature(dict(kernel_size=k, stride=stride, dilation=dilation, dtype=dtype, layout=layout,
+                                         activation=activation or "none")))
     else:
         other = None
     return other if other is not None and takes_x(other) else generic
