@@ -19,14 +19,16 @@
 # --kernel-sizes 3,4,7`, and .renders/walknew walkissue.diff's renderings, as docs/proposed/README.md says):
 # walkissue.diff's A/B on the walking backward (scripts/ab-walkissue.txt), then those six backward generic keys
 # chosen again on the H200 with the two untuned training rows they serve timed before and after.
+# `scripts/h200-plan.sh bwdbench` (about 350 s): the same without the rows before, then `bench` and `frozentests`
+# on the module it made, all in one call (for a session with under about 800 s of device time left).
 # `scripts/h200-plan.sh bench`, the next call (on the module that call made, unpacked into the tree here): the
 # whole bench, the host-time probe and the frozen module's tests (about 300 s); the README's table must equal its
 # results.md.
 # Ran (sixty-first session, an H200): the whole plan 317 s (rows 46 s, tunefile 96 s, generic 126 s, rows 46 s),
 # `bench` 183 s; the module of 340afe1 and benchmarks/results.md came from those two calls.
 set -u
-case "${1:-}" in ''|short|mamba|bench|bwd) ;;  # a mistyped mode would otherwise run the whole plan
-  *) echo "h200-plan.sh: unknown mode '$1': give none, short, mamba, bwd or bench" >&2; exit 2 ;; esac
+case "${1:-}" in ''|short|mamba|bench|bwd|bwdbench) ;;  # a mistyped mode would otherwise run the whole plan
+  *) echo "h200-plan.sh: unknown mode '$1': give none, short, mamba, bwd, bwdbench or bench" >&2; exit 2 ;; esac
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $card"
 echo "$card" | grep -q H200 || exit 0
 steps="rows tunefile generic rows"
@@ -43,14 +45,17 @@ finish() { tar czf "$FINAL/a.tgz" -C "$FINAL" a
   for r in "$FINAL"/a/rows*/results.md; do
     echo "$r"; grep -E '^\| [0-9]' "$r" | awk -F'|' -v d="$1" -v k="$2" '{print $2 "|" $d "|" $k}'
   done; }
-if [ "${1:-}" = bwd ]; then
+if [ "${1:-}" = bwd ] || [ "${1:-}" = bwdbench ]; then
   # the untuned training rows the six keys serve: Mamba's conv at 4x2048x3072 (bf16 K4) and fp16 K7 8x1536x2048
+  bwd_steps="ab rows generic rows"
+  # with less device time: no rows before, and the bench and the frozen tests on the new module in the same call
+  [ "$1" = bwdbench ] && bwd_steps="ab generic rows bench frozentests"
   grep -E -- '--kernel-size (4|7) .*--dtype (fp16|bf16) --backward --graph' benchmarks/training.txt | sed 's/ *#.*//' \
     > /tmp/bwdrows.txt
   OUT=$FINAL/a AB_FILE=scripts/ab-walkissue.txt ROWS_FILE=/tmp/bwdrows.txt STEP_TIMEOUT=300 \
     GENERIC_ARGS="--direction bwd --layouts bcl --dtypes fp16,bf16 --kernel-sizes 3,4,7 --freeze-once" \
-    bash scripts/gpu-session.sh ab rows generic rows
-  echo "h200-plan bwd rc $?"
+    bash scripts/gpu-session.sh $bwd_steps
+  echo "h200-plan $1 rc $?"
   grep -hE 'interleaved rounds|walk.*(same|from:)|WRONG|failed' "$FINAL"/a/ab*.log | cut -c1-150
   finish 6 7
   exit 0
