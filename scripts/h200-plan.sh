@@ -50,6 +50,7 @@ if [ "${1:-}" = bwd ] || [ "${1:-}" = bwdbench ]; then
   bwd_steps="ab rows generic rows"
   # with less device time: no rows before, and the bench and the frozen tests on the new module in the same call
   [ "$1" = bwdbench ] && bwd_steps="ab generic rows bench frozentests"
+  bwd_steps=${BWD_STEPS:-$bwd_steps}  # fewer still where the device time left asks (e.g. "generic bench frozentests")
   grep -E -- '--kernel-size (4|7) .*--dtype (fp16|bf16) --backward --graph' benchmarks/training.txt | sed 's/ *#.*//' \
     > /tmp/bwdrows.txt
   OUT=$FINAL/a AB_FILE=scripts/ab-walkissue.txt ROWS_FILE=/tmp/bwdrows.txt STEP_TIMEOUT=300 \
