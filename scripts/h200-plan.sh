@@ -14,10 +14,11 @@
 # `scripts/h200-plan.sh short` leaves out the rows before (about 370 s); `mamba` re-tunes the Mamba SiLU row
 # alone in 4 trials and times the two Mamba rows after it.
 # `scripts/h200-plan.sh bwd` (sixty-first session's next steps, about 6 minutes; carry [".whl", "runs/build.tgz",
-# ".renders/walknew"], runs/build.tgz holding the 84 backward candidates of fp16 and bf16 (B, C, L) K 3, 4 and 7, made
+# ".renders/walknew", ".renders/lanetanh"], runs/build.tgz holding the 84 backward candidates of fp16 and bf16 (B, C, L) K 3, 4 and 7, made
 # here by `python -m search.generic --dry-run --arch sm_90 --direction bwd --layouts bcl --dtypes fp16,bf16
-# --kernel-sizes 3,4,7`, and .renders/walknew walkissue.diff's renderings, as docs/proposed/README.md says):
-# walkissue.diff's A/B on the walking backward (scripts/ab-walkissue.txt), then those six backward generic keys
+# --kernel-sizes 3,4,7`, and .renders/walknew and .renders/lanetanh the renderings of walkissue.diff and
+# lanetanh.diff, as docs/proposed/README.md says): the two diffs' A/Bs on the walking and the lane backward
+# (scripts/ab-walkissue.txt, scripts/ab-lanetanh.txt: about 100 s), then those six backward generic keys
 # chosen again on the H200 with the two untuned training rows they serve timed before and after.
 # `scripts/h200-plan.sh bwdbench` (about 350 s): the same without the rows before, then `bench` and `frozentests`
 # on the module it made, all in one call (for a session with under about 800 s of device time left).
@@ -53,11 +54,12 @@ if [ "${1:-}" = bwd ] || [ "${1:-}" = bwdbench ]; then
   bwd_steps=${BWD_STEPS:-$bwd_steps}  # fewer still where the device time left asks (e.g. "generic bench frozentests")
   grep -E -- '--kernel-size (4|7) .*--dtype (fp16|bf16) --backward --graph' benchmarks/training.txt | sed 's/ *#.*//' \
     > /tmp/bwdrows.txt
-  OUT=$FINAL/a AB_FILE=scripts/ab-walkissue.txt ROWS_FILE=/tmp/bwdrows.txt STEP_TIMEOUT=300 \
+  cat scripts/ab-walkissue.txt scripts/ab-lanetanh.txt > /tmp/ab-bwd.txt
+  OUT=$FINAL/a AB_FILE=/tmp/ab-bwd.txt ROWS_FILE=/tmp/bwdrows.txt STEP_TIMEOUT=300 \
     GENERIC_ARGS="--direction bwd --layouts bcl --dtypes fp16,bf16 --kernel-sizes 3,4,7 --freeze-once" \
     bash scripts/gpu-session.sh $bwd_steps
   echo "h200-plan $1 rc $?"
-  grep -hE 'interleaved rounds|walk.*(same|from:)|WRONG|failed' "$FINAL"/a/ab*.log | cut -c1-150
+  grep -hE 'interleaved rounds|(walk|lane).*(same|from:)|WRONG|failed' "$FINAL"/a/ab*.log | cut -c1-150
   finish 6 7
   exit 0
 fi
