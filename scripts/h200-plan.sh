@@ -14,10 +14,10 @@
 # `scripts/h200-plan.sh short` leaves out the rows before (about 370 s); `mamba` re-tunes the Mamba SiLU row
 # alone in 4 trials and times the two Mamba rows after it.
 # `scripts/h200-plan.sh bwd` (sixty-first session's next steps, about 6 minutes; carry [".whl", "runs/build.tgz",
-# ".renders/walknew", ".renders/lanetanh"], runs/build.tgz holding the 84 backward candidates of fp16 and bf16 (B, C, L) K 3, 4 and 7, made
+# ".renders/walknew", ".renders/lanetanh", ".renders/lanetanh-gh"], runs/build.tgz holding the 84 backward candidates of fp16 and bf16 (B, C, L) K 3, 4 and 7, made
 # here by `python -m search.generic --dry-run --arch sm_90 --direction bwd --layouts bcl --dtypes fp16,bf16
-# --kernel-sizes 3,4,7`, and .renders/walknew and .renders/lanetanh the renderings of walkissue.diff and
-# lanetanh.diff, as docs/proposed/README.md says): the two diffs' A/Bs on the walking and the lane backward
+# --kernel-sizes 3,4,7`, and .renders/walknew and .renders/lanetanh(-gh) the renderings of walkissue.diff and
+# lanetanh.diff (and its 40-register form), as docs/proposed/README.md says): the two diffs' A/Bs on the walking and the lane backward
 # (scripts/ab-walkissue.txt, scripts/ab-lanetanh.txt: about 100 s), then those six backward generic keys
 # chosen again on the H200 with the two untuned training rows they serve timed before and after.
 # `scripts/h200-plan.sh bwdbench` (about 350 s): the same without the rows before, then `bench` and `frozentests`
