@@ -13,15 +13,16 @@
 # generated/, benchmarks/ in results.tgz); the last lines are each row's dwgen x copy before and after.
 # `scripts/h200-plan.sh short` leaves out the rows before (about 370 s); `mamba` re-tunes the Mamba SiLU row
 # alone in 4 trials and times the two Mamba rows after it.
-# `scripts/h200-plan.sh bwd` (sixty-first session's next steps, about 6 minutes; carry [".whl", "runs/build.tgz",
-# ".renders/walknew", ".renders/lanetanh", ".renders/lanetanh-gh"], runs/build.tgz holding the 84 backward candidates of fp16 and bf16 (B, C, L) K 3, 4 and 7, made
-# here by `python -m search.generic --dry-run --arch sm_90 --direction bwd --layouts bcl --dtypes fp16,bf16
-# --kernel-sizes 3,4,7`, and .renders/walknew and .renders/lanetanh(-gh) the renderings of walkissue.diff and
-# lanetanh.diff (and its 40-register form), as docs/proposed/README.md says): the two diffs' A/Bs on the walking and the lane backward
-# (scripts/ab-walkissue.txt, scripts/ab-lanetanh.txt: about 100 s), then those six backward generic keys
-# chosen again on the H200 with the two untuned training rows they serve timed before and after.
-# `scripts/h200-plan.sh bwdbench` (about 350 s): the same without the rows before, then `bench` and `frozentests`
-# on the module it made, all in one call (for a session with under about 800 s of device time left).
+# `scripts/h200-plan.sh bwd` (the sixty-first and sixty-second sessions' next steps, about 7 minutes; carry
+# [".whl", "runs/build.tgz", ".renders/walknew", ".renders/lanetanh", ".renders/lanetanh-gh"], runs/build.tgz
+# holding the 84 backward candidates of fp16 and bf16 (B, C, L) K 3, 4 and 7, made here by `python -m
+# search.generic --dry-run --arch sm_90 --direction bwd --layouts bcl --dtypes fp16,bf16 --kernel-sizes 3,4,7`, and
+# the .renders folders the renderings of walkissue.diff and lanetanh.diff (and its 40-register form), as
+# docs/proposed/README.md says): the two diffs' A/Bs on the walking and the lane backward (scripts/ab-walkissue.txt,
+# scripts/ab-lanetanh.txt: six lines, about 150 s), then those six backward generic keys chosen again on the H200
+# with the two untuned training rows they serve timed before and after.
+# `scripts/h200-plan.sh bwdbench` (about 450 s): the same without the rows before, then `bench` and `frozentests`
+# on the module it made, all in one call (for a session with under about 900 s of device time left).
 # `scripts/h200-plan.sh bench`, the next call (on the module that call made, unpacked into the tree here): the
 # whole bench, the host-time probe and the frozen module's tests (about 300 s); the README's table must equal its
 # results.md.
