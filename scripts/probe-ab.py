@@ -168,6 +168,13 @@ EDITS = {
                       "its registers to fit, spilling where it must)",
                       [(re.compile(r"__launch_bounds__\((\d+)\)"), rf"__launch_bounds__(\1, {n})")])
        for n in (3, 4, 5, 6)},
+    # The batch walkers' two-argument bounds ask 2048 threads an SM (32 registers at 64 threads), but the fp32
+    # K31 design's two shared stages (8.3 KB) already hold it to 24 blocks: a lower ask lets a run of two vectors
+    # keep its window in registers (it spills at 32), for half the shared-memory reads an output.
+    **{f"minblocks{n}": (f"each kernel's two-argument __launch_bounds__ asking {n} blocks an SM instead (its "
+                         "register ceiling moves with it)",
+                         [(re.compile(r"__launch_bounds__\((\d+), \d+\)"), rf"__launch_bounds__(\1, {n})")])
+       for n in (16, 24)},
     # Resident blocks of the walk cover every channel chunk of a few (row, part) pairs: whole 8 KB position rows
     # of the Mamba shape read together. Swapped, they cover a few chunks of many rows: is DRAM locality what the
     # walk's 80% of peak lacks (fifty-eighth session)?

@@ -62,6 +62,14 @@ def test_blocks_edits_ask_ptxas_for_blocks_an_sm_on_one_argument_launch_bounds()
     assert "__launch_bounds__(128, 5)" in out and "__launch_bounds__(128)" not in out
 
 
+def test_minblocks_edits_move_the_second_argument_of_two_argument_launch_bounds():
+    src = rendered("dw1d_f32_k31_t64_v4_o2_r2_n2_row_async", Problem(32, 512, 1024, 31, 1, 15, 1), "fwd")
+    assert "__launch_bounds__(64, 32)" in src
+    out = probe_ab.edited(src, "minblocks16")
+    assert "__launch_bounds__(64, 16)" in out and "__launch_bounds__(64, 32)" not in out
+    assert probe_ab.edited("__launch_bounds__(128)", "minblocks24") is None  # one argument: left to blocksN
+
+
 def test_pdl_launches_the_sums_through_the_helper_once_and_waits_in_them():
     src = probe_ab.edited(rendered("dw1d_bwdlane_bf16_k4_t128_o8_n2_h2", MAMBA), "pdl")
     assert "_sum<<<" not in src and src.count("dwgen_pdl_launch(dw1d_bwdlane_bf16_k4_t128_o8_n2_h2_sum, ") == 1
