@@ -19,8 +19,9 @@
 # search.generic --dry-run --arch sm_90 --direction bwd --layouts bcl --dtypes fp16,bf16 --kernel-sizes 3,4,7`, and
 # the .renders folders the renderings of walkissue.diff and lanetanh.diff (and its 40-register form), as
 # docs/proposed/README.md says): the two diffs' A/Bs on the walking and the lane backward (scripts/ab-walkissue.txt,
-# scripts/ab-lanetanh.txt: six lines, about 150 s), then those six backward generic keys chosen again on the H200
-# with the two untuned training rows they serve timed before and after.
+# scripts/ab-lanetanh.txt: six lines, about 150 s; scripts/ab-k31-regs.txt's forward line, about 40 s, rides
+# along), then those six backward generic keys chosen again on the H200 with the two untuned training rows they
+# serve timed before and after.
 # `scripts/h200-plan.sh bwdbench` (about 450 s): the same without the rows before, then `bench` and `frozentests`
 # on the module it made, all in one call (for a session with under about 900 s of device time left).
 # `scripts/h200-plan.sh bench`, the next call (on the module that call made, unpacked into the tree here): the
@@ -55,7 +56,8 @@ if [ "${1:-}" = bwd ] || [ "${1:-}" = bwdbench ]; then
   bwd_steps=${BWD_STEPS:-$bwd_steps}  # fewer still where the device time left asks (e.g. "generic bench frozentests")
   grep -E -- '--kernel-size (4|7) .*--dtype (fp16|bf16) --backward --graph' benchmarks/training.txt | sed 's/ *#.*//' \
     > /tmp/bwdrows.txt
-  cat scripts/ab-walkissue.txt scripts/ab-lanetanh.txt > /tmp/ab-bwd.txt
+  # and the fp32 K31 forward's register ceilings (sixty-fourth session), a forward A/B that rides along
+  cat scripts/ab-walkissue.txt scripts/ab-lanetanh.txt scripts/ab-k31-regs.txt > /tmp/ab-bwd.txt
   OUT=$FINAL/a AB_FILE=/tmp/ab-bwd.txt ROWS_FILE=/tmp/bwdrows.txt STEP_TIMEOUT=300 \
     GENERIC_ARGS="--direction bwd --layouts bcl --dtypes fp16,bf16 --kernel-sizes 3,4,7 --freeze-once" \
     bash scripts/gpu-session.sh $bwd_steps
