@@ -82,7 +82,6 @@ def test_a_tuned_causal_silu_problem_is_frozen_and_dispatched_only_as_itself(tmp
     for call in ("no_silu", "symmetric"):
         for d in ("fwd", "bwd"):
             assert got["chosen"][f"{call}|{d}"] == before[f"{call}|{d}"], (call, d)
-    generic = set(m["generic"]["fast"].values()) | set(m["generic"]["fast_bwd"].values())
-    generic |= {name for names in m["generic"]["fast_narrow"].values() for name in names}
-    generic |= {name for names in m["generic"]["fast_bwd_narrow"].values() for name in names}
+    generic = {name for table, _, narrow in freeze.FAST_TABLES for entry in m["generic"][table].values()
+               for name in (entry if narrow else [entry])}  # every table's kernels, narrow ones listed
     assert all(before[f"{call}|{d}"] in generic for call in ("no_silu", "symmetric") for d in ("fwd", "bwd"))
